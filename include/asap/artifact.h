@@ -1,0 +1,67 @@
+// asap/artifact.h -- the compiled artifact (HDF5; docs/artifact-format.md).
+//
+// Self-describing: format name and integer version, the asapc version, the
+// teacher checkpoint's SHA-256, and per layer the teacher's conventions, the
+// slice bank, the feature family, the coefficients, the default number of
+// closures, the projection weights, and the fit options and diagnostics.
+// Writers go to a temporary file and rename; readers validate everything
+// before use and name the file and field in every error.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "asap/layer.h"
+#include "asap/spec.h"
+
+namespace asap {
+
+constexpr const char* kArtifactFormat = "asapc-artifact";
+// Format history:
+//   1 -- first version.
+constexpr int kArtifactVersion = 1;
+constexpr int kArtifactOldestReadable = 1;
+
+// Which columns the feature matrix Psi holds, in this fixed order:
+//   [ slice potentials 0..slices-1 | alpha | softmax_dual ].
+// Every column is centered over the mass-carrying query rows.
+struct FeatureFamily {
+  int64_t slices = 0;         // sliced Kantorovich potentials (asap-math.md section 4)
+  bool alpha = false;         // centered query cost offset (s/2)||q_i||^2 (section 6b)
+  bool softmax_dual = false;  // centered softmax dual row(0) + alpha (section 6b)
+  int64_t num_columns() const { return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0); }
+  std::string name() const;   // e.g. "L64+alpha+softmax"
+  bool operator==(const FeatureFamily& o) const {
+    return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual;
+  }
+};
+
+struct CompiledLayer {
+  LayerSpec spec;          // teacher conventions: name, heads, dims, scale, eps, T, mask, n-multiplier
+  at::Tensor theta;        // [head_dim, slices_stored] float64, unit-norm columns
+  FeatureFamily family;    // family.slices <= theta.size(1): a prefix of the bank is used
+  bool per_head = false;   // one coefficient row per head, else one per layer
+  at::Tensor coef;         // [per_head ? heads : 1, family.num_columns()] float64
+  int default_closures = 0;  // k used when the caller does not ask
+  LayerWeights weights;      // projections (may be undefined when compiled from q/k/v)
+  std::string fit_json;      // fit options, diagnostics and selection, as JSON text
+};
+
+struct Artifact {
+  int format_version = kArtifactVersion;
+  std::string asapc_version;
+  std::string teacher_sha256;  // of the checkpoint compiled from
+  std::string teacher_file;    // its file name, for messages
+  std::string created_utc;     // ISO-8601
+  std::vector<CompiledLayer> layers;
+  const CompiledLayer* find(const std::string& name) const;
+};
+
+// Writes to PATH.tmp-XXXX in the same directory, then renames.
+void write_artifact(const std::string& path, const Artifact& art);
+// Validates format, version, shapes against metadata and finiteness.
+Artifact read_artifact(const std::string& path);
+
+}  // namespace asap
