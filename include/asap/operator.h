@@ -1,0 +1,29 @@
+// asap/operator.h -- the compiled operator's math (asap-math.md section 5):
+// predict the cost-coordinate dual from features, go back to score
+// coordinates, and apply k closures col, row, col, ...
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "asap/teacher.h"
+
+namespace asap {
+
+// phi_hat = Psi . beta: Psi [B, H, n, P]; coef [1, P] (pooled) or [H, P]
+// (per head). Result [B, H, n] in Psi's dtype.
+at::Tensor predict_phi(const at::Tensor& Psi, const at::Tensor& coef);
+
+// f_hat = phi_hat - alpha on rows that carry mass, -inf on rows that do not.
+at::Tensor dual_from_phi(const at::Tensor& phi_hat, const at::Tensor& alpha, const LogMarginals& m);
+
+struct ClosureResult {
+  at::Tensor f, g;  // duals of the final plan
+  at::Tensor A;     // [B, H, n, n] attention, when requested
+  at::Tensor O;     // [B, H, n, dv] head outputs, when v is given
+};
+
+// The teacher's loop warm-started at f_hat with k >= 1 closures:
+// g1 = col(f_hat), f1 = row(g1), g2 = col(f1), ...; odd k ends on a column.
+ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
+                           const LogMarginals& m, const Convention& c, int k, bool want_attention);
+
+}  // namespace asap

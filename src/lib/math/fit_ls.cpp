@@ -1,0 +1,156 @@
+// Ridge least squares from streamed sufficient statistics (asap-math.md
+// section 6, LS part).
+#include <ATen/ATen.h>
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <limits>
+
+#include "asap/error.h"
+#include "asap/fit.h"
+
+namespace asap {
+
+void LsStats::add(const LsStats& o) {
+  if (o.empty()) return;
+  if (empty()) {
+    G = o.G.clone();
+    h = o.h.clone();
+    c = o.c.clone();
+    R = o.R.clone();
+    examples = o.examples;
+    return;
+  }
+  ASAP_CHECK(G.sizes() == o.G.sizes(), "cannot add LS statistics of shapes ", G.sizes(), " and ", o.G.sizes());
+  G.add_(o.G);
+  h.add_(o.h);
+  c.add_(o.c);
+  R.add_(o.R);
+  examples += o.examples;
+}
+
+void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, const at::Tensor& row_active) {
+  ASAP_CHECK(Psi.dim() == 4 && target.dim() == 3 && Psi.size(0) == target.size(0) &&
+                 Psi.size(1) == target.size(1) && Psi.size(2) == target.size(2),
+             "LS statistics: features ", Psi.sizes(), " do not match targets ", target.sizes());
+  const int64_t B = Psi.size(0), H = Psi.size(1), n = Psi.size(2), P = Psi.size(3);
+  auto w = row_active.expand({B, H, n}).to(at::kDouble);  // 1 on rows that carry mass
+  auto X = Psi.to(at::kDouble) * w.unsqueeze(-1);
+  auto y = at::where(row_active.expand({B, H, n}), target.to(at::kDouble), at::zeros({}, at::kDouble));
+  // Per head: sum over batch and rows.
+  auto Xh = X.transpose(0, 1).reshape({H, B * n, P});
+  auto yh = y.transpose(0, 1).reshape({H, B * n, 1});
+  LsStats b;
+  b.G = at::bmm(Xh.transpose(1, 2), Xh);
+  b.h = at::bmm(Xh.transpose(1, 2), yh).squeeze(-1);
+  b.c = yh.pow(2).sum(at::IntArrayRef{1, 2});
+  b.R = w.sum(at::IntArrayRef{0, 2});
+  b.examples = B;
+  s.add(b);
+}
+
+std::vector<int64_t> family_columns(const FeatureFamily& widest, const FeatureFamily& f) {
+  ASAP_CHECK(f.slices <= widest.slices && (!f.alpha || widest.alpha) && (!f.softmax_dual || widest.softmax_dual),
+             "feature family ", f.name(), " is not contained in ", widest.name());
+  std::vector<int64_t> cols;
+  for (int64_t l = 0; l < f.slices; ++l) cols.push_back(l);
+  int64_t next = widest.slices;
+  if (widest.alpha) {
+    if (f.alpha) cols.push_back(next);
+    ++next;
+  }
+  if (widest.softmax_dual && f.softmax_dual) cols.push_back(next);
+  return cols;
+}
+
+namespace {
+
+using Mat = Eigen::MatrixXd;
+using Vec = Eigen::VectorXd;
+
+// Sub-block of group g (or the sum over heads when g < 0).
+void block(const LsStats& s, const std::vector<int64_t>& cols, int64_t g, Mat& G, Vec& h, double& c, double& R) {
+  const int64_t H = s.G.size(0), P = static_cast<int64_t>(cols.size());
+  auto Gall = (g < 0 ? s.G.sum(0) : s.G[g]).contiguous();
+  auto hall = (g < 0 ? s.h.sum(0) : s.h[g]).contiguous();
+  c = (g < 0 ? s.c.sum() : s.c[g]).item<double>();
+  R = (g < 0 ? s.R.sum() : s.R[g]).item<double>();
+  auto Ga = Gall.accessor<double, 2>();
+  auto ha = hall.accessor<double, 1>();
+  G.resize(P, P);
+  h.resize(P);
+  for (int64_t a = 0; a < P; ++a) {
+    h(a) = ha[cols[a]];
+    for (int64_t b = 0; b < P; ++b) G(a, b) = Ga[cols[a]][cols[b]];
+  }
+  (void)H;
+}
+
+}  // namespace
+
+at::Tensor solve_ls(const LsStats& s, const std::vector<int64_t>& cols, bool per_head, double lambda) {
+  ASAP_CHECK(!s.empty(), "LS fit: no calibration rows were accumulated");
+  ASAP_CHECK(lambda >= 0 && std::isfinite(lambda), "ridge must be a finite number >= 0, found ", lambda);
+  const int64_t H = s.G.size(0), P = static_cast<int64_t>(cols.size());
+  const int64_t groups = per_head ? H : 1;
+  auto out = at::zeros({groups, P}, at::kDouble);
+  for (int64_t g = 0; g < groups; ++g) {
+    Mat G;
+    Vec h;
+    double c, R;
+    block(s, cols, per_head ? g : -1, G, h, c, R);
+    ASAP_CHECK(R > 0, "LS fit: head ", g, " has no mass-carrying rows");
+    Mat A = G / R;
+    A.diagonal().array() += lambda;
+    Vec rhs = h / R;
+    // Complete orthogonal decomposition: a minimum-norm solution when lambda = 0 and G is singular.
+    Vec beta = A.completeOrthogonalDecomposition().solve(rhs);
+    for (int64_t a = 0; a < P; ++a) out[g][a] = beta(a);
+  }
+  return out;
+}
+
+double ls_mse(const LsStats& s, const std::vector<int64_t>& cols, const at::Tensor& coef) {
+  const int64_t H = s.G.size(0), P = static_cast<int64_t>(cols.size());
+  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H),
+             "coefficients of shape ", coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
+  double num = 0, rows = 0;
+  for (int64_t g = 0; g < H; ++g) {
+    Mat G;
+    Vec h;
+    double c, R;
+    block(s, cols, g, G, h, c, R);
+    Vec beta(P);
+    auto row = coef[coef.size(0) == 1 ? 0 : g].contiguous();
+    for (int64_t a = 0; a < P; ++a) beta(a) = row[a].item<double>();
+    num += beta.dot(G * beta) - 2 * beta.dot(h) + c;
+    rows += R;
+  }
+  ASAP_CHECK(rows > 0, "held-out split has no mass-carrying rows");
+  return std::max(0.0, num / rows);
+}
+
+std::vector<double> default_ridge_grid() {
+  std::vector<double> g{0.0};
+  for (int e = -8; e <= 0; ++e) g.push_back(std::pow(10.0, e));
+  return g;
+}
+
+RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols,
+                         bool per_head, const std::vector<double>& grid) {
+  ASAP_CHECK(!grid.empty(), "ridge grid is empty");
+  RidgeChoice best;
+  best.heldout_mse = std::numeric_limits<double>::infinity();
+  for (double lam : grid) {
+    const double mse = ls_mse(heldout, cols, solve_ls(train, cols, per_head, lam));
+    best.grid.push_back(lam);
+    best.grid_mse.push_back(mse);
+    if (mse < best.heldout_mse) {
+      best.heldout_mse = mse;
+      best.lambda = lam;
+    }
+  }
+  return best;
+}
+
+}  // namespace asap

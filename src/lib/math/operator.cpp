@@ -1,0 +1,44 @@
+// The compiled operator's reference path (asap-math.md section 5).
+#include "asap/operator.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "asap/error.h"
+
+namespace asap {
+
+at::Tensor predict_phi(const at::Tensor& Psi, const at::Tensor& coef) {
+  ASAP_CHECK(Psi.dim() == 4, "features: expected [B, H, n, P], found ", Psi.sizes());
+  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == Psi.size(3) && (coef.size(0) == 1 || coef.size(0) == Psi.size(1)),
+             "coefficients: expected [1, ", Psi.size(3), "] or [", Psi.size(1), ", ", Psi.size(3), "], found ",
+             coef.sizes());
+  auto c = coef.to(Psi.scalar_type()).to(Psi.device());  // [G, P]
+  // [B, H, n, P] x [G, P] -> [B, H, n]; G broadcasts over heads.
+  return (Psi * c.unsqueeze(1)).sum(-1);
+}
+
+at::Tensor dual_from_phi(const at::Tensor& phi_hat, const at::Tensor& alpha, const LogMarginals& m) {
+  auto f = phi_hat - alpha;
+  return f.masked_fill(m.row_active.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
+                           const LogMarginals& m, const Convention& c, int k, bool want_attention) {
+  ASAP_CHECK(k >= 1, "number of closures must be at least 1, found ", k);
+  ClosureResult r;
+  r.f = f_hat;
+  for (int t = 1; t <= k; ++t) {
+    if (t % 2 == 1)
+      r.g = col_closure(S, r.f, m, c.eps);
+    else
+      r.f = row_closure(S, r.g, m, c.eps);
+  }
+  auto A = plan_attention(S, r.f, r.g, c);
+  if (v.defined()) r.O = at::matmul(A, v);
+  if (want_attention) r.A = A;
+  return r;
+}
+
+}  // namespace asap
