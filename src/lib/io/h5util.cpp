@@ -1,0 +1,584 @@
+// io/h5util.cpp -- HDF5 C++ API helpers; see h5util.h.
+#include "io/h5util.h"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <random>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+namespace asap::detail::h5 {
+
+namespace {
+
+// The innermost message of the last failed HDF5 call. HDF5 clears its error
+// stack on the next API call (C++ destructors run during unwinding make such
+// calls), so the detail is captured when the error is raised, by the
+// automatic-error callback that would otherwise print it.
+std::string& last_message() {
+  static std::string msg;
+  return msg;
+}
+
+herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
+  // Downward walk: the last entry visited is where the error was detected.
+  if (err && err->desc && *err->desc) *static_cast<std::string*>(data) = err->desc;
+  return 0;
+}
+
+herr_t capture_cb(hid_t stack, void*) {
+  std::string msg;
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk_cb, &msg);
+  last_message() = msg;
+  return 0;
+}
+
+std::string class_name(H5T_class_t cls, size_t size, bool is_signed = true) {
+  switch (cls) {
+    case H5T_INTEGER:
+      return asap::str(is_signed ? "int" : "uint", size * 8);
+    case H5T_FLOAT:
+      return asap::str("float", size * 8);
+    case H5T_STRING:
+      return "string";
+    case H5T_ENUM:
+      return "enum (e.g. bool)";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "variable-length sequence";
+    default:
+      return "unsupported type";
+  }
+}
+
+std::string attr_name(const std::string& name, const Where& w) {
+  return asap::str("attribute '", name, "' of '", w.obj, "'");
+}
+
+H5::Attribute open_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
+  bool present = guarded(w, asap::str("looking for attribute '", name, "'"), [&] { return o.attrExists(name); });
+  ASAP_CHECK(present, w.file, ": ", attr_name(name, w), " is missing");
+  return guarded(w, asap::str("opening attribute '", name, "'"), [&] { return o.openAttribute(name); });
+}
+
+std::string attr_type_name(const H5::Attribute& a) {
+  H5T_class_t cls = a.getTypeClass();
+  bool is_signed = true;
+  if (cls == H5T_INTEGER) is_signed = a.getIntType().getSign() != H5T_SGN_NONE;
+  return class_name(cls, a.getDataType().getSize(), is_signed);
+}
+
+// Numbers must be scalars (or one-element arrays, which some writers produce).
+void check_single(const H5::Attribute& a, const std::string& name, const Where& w) {
+  hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  ASAP_CHECK(n == 1, w.file, ": ", attr_name(name, w), " should hold one value, found ", n);
+}
+
+// Fixed-length strings are NUL- or space-padded; strip the padding.
+std::string trim_fixed(const char* p, size_t size, H5T_str_t pad) {
+  size_t len = strnlen(p, size);
+  std::string s(p, len);
+  if (pad == H5T_STR_SPACEPAD) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+  }
+  return s;
+}
+
+std::vector<std::string> read_strings(const H5::Attribute& a, size_t n) {
+  H5::StrType st = a.getStrType();
+  std::vector<std::string> out;
+  if (st.isVariableStr()) {
+    std::vector<char*> ptrs(n, nullptr);
+    a.read(st, ptrs.data());
+    for (char* p : ptrs) {
+      out.emplace_back(p ? p : "");
+      if (p) H5free_memory(p);
+    }
+  } else {
+    size_t size = st.getSize();
+    std::vector<char> buf(n * size + 1, '\0');
+    a.read(st, buf.data());
+    H5T_str_t pad = st.getStrpad();
+    for (size_t i = 0; i < n; ++i) out.push_back(trim_fixed(buf.data() + i * size, size, pad));
+  }
+  return out;
+}
+
+H5::StrType vl_string_type() {
+  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  t.setCset(H5T_CSET_UTF8);
+  return t;
+}
+
+void remove_attr_if_present(const H5::H5Object& o, const std::string& name) {
+  if (o.attrExists(name)) o.removeAttr(name);
+}
+
+// Memory type for reading into / writing from a tensor of `dtype`.
+const H5::PredType& mem_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return H5::PredType::NATIVE_FLOAT;
+    case at::kDouble:
+      return H5::PredType::NATIVE_DOUBLE;
+    case at::kByte:
+      return H5::PredType::NATIVE_UINT8;
+    case at::kChar:
+      return H5::PredType::NATIVE_INT8;
+    case at::kShort:
+      return H5::PredType::NATIVE_INT16;
+    case at::kInt:
+      return H5::PredType::NATIVE_INT32;
+    case at::kLong:
+      return H5::PredType::NATIVE_INT64;
+    default:
+      throw std::logic_error(asap::str("internal error (a bug in asapc): no HDF5 type for ", dtype));
+  }
+}
+
+const H5::PredType& file_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return H5::PredType::IEEE_F32LE;
+    case at::kDouble:
+      return H5::PredType::IEEE_F64LE;
+    case at::kByte:
+      return H5::PredType::STD_U8LE;
+    case at::kChar:
+      return H5::PredType::STD_I8LE;
+    case at::kShort:
+      return H5::PredType::STD_I16LE;
+    case at::kInt:
+      return H5::PredType::STD_I32LE;
+    case at::kLong:
+      return H5::PredType::STD_I64LE;
+    default:
+      throw std::logic_error(asap::str("internal error (a bug in asapc): no HDF5 type for ", dtype));
+  }
+}
+
+at::ScalarType int_dtype_of_size(size_t size) {
+  switch (size) {
+    case 1:
+      return at::kChar;
+    case 2:
+      return at::kShort;
+    case 4:
+      return at::kInt;
+    default:
+      return at::kLong;
+  }
+}
+
+}  // namespace
+
+Where Where::child(const std::string& name) const {
+  return Where{file, (obj.empty() || obj == "/") ? "/" + name : obj + "/" + name};
+}
+
+void quiet() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    H5::Exception::dontPrint();
+    // Print nothing, but keep the innermost message for our asap::Error.
+    H5Eset_auto2(H5E_DEFAULT, capture_cb, nullptr);
+  });
+}
+
+void rethrow(const H5::Exception& e, const Where& w, const std::string& what) {
+  std::string detail = last_message();
+  if (detail.empty()) detail = e.getDetailMsg();
+  last_message().clear();
+  throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while ", what, ": ", detail));
+}
+
+H5::H5File open_file(const std::string& path, const Where& w, bool rdwr) {
+  quiet();
+  std::error_code ec;
+  ASAP_CHECK(std::filesystem::exists(path, ec), w.file, ": no such file");
+  ASAP_CHECK(!std::filesystem::is_directory(path, ec), w.file, ": is a directory, expected an HDF5 file");
+  {
+    std::ifstream probe(path, std::ios::binary);
+    ASAP_CHECK(probe.good(), w.file, ": cannot be read (permission denied?)");
+  }
+  last_message().clear();
+  bool hdf5 = false;
+  try {
+    hdf5 = H5::H5File::isHdf5(path);
+  } catch (const H5::Exception&) {
+    hdf5 = false;
+  }
+  ASAP_CHECK(hdf5, w.file, ": not an HDF5 file (no HDF5 signature found)");
+  last_message().clear();
+  try {
+    return H5::H5File(path, rdwr ? H5F_ACC_RDWR : H5F_ACC_RDONLY);
+  } catch (const H5::Exception& e) {
+    std::string detail = last_message().empty() ? e.getDetailMsg() : last_message();
+    last_message().clear();
+    throw Error(asap::str(w.file, ": cannot open as HDF5 (damaged or truncated?): ", detail));
+  }
+}
+
+H5::H5File create_file(const std::string& path, const Where& w) {
+  quiet();
+  last_message().clear();
+  return guarded(w, "creating the file", [&] { return H5::H5File(path, H5F_ACC_TRUNC); });
+}
+
+void write_atomically(const std::string& path, const Where& w,
+                      const std::function<void(H5::H5File&)>& fill) {
+  quiet();
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.parent_path();
+  std::error_code ec;
+  ASAP_CHECK(dir.empty() || fs::is_directory(dir, ec), w.file, ": cannot write: directory '",
+             dir.string(), "' does not exist");
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", static_cast<unsigned>(rd()));
+  const std::string tmp = path + ".tmp-" + suffix;
+  try {
+    {
+      last_message().clear();
+      H5::H5File f = guarded(w, asap::str("creating the temporary file '", tmp, "'"),
+                             [&] { return H5::H5File(tmp, H5F_ACC_EXCL); });
+      fill(f);
+      guarded(w, "closing the file", [&] { f.close(); });
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(asap::str(w.file, ": cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno)));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+bool has_link(const H5::Group& g, const std::string& name) {
+  // H5Lexists fails (rather than returning false) for paths through missing
+  // groups; names here are single components.
+  htri_t r = H5Lexists(g.getId(), name.c_str(), H5P_DEFAULT);
+  return r > 0;
+}
+
+bool has_attr(const H5::H5Object& o, const std::string& name) {
+  return H5Aexists(o.getId(), name.c_str()) > 0;
+}
+
+bool is_group(const H5::Group& g, const std::string& name) {
+  if (!has_link(g, name)) return false;
+  H5O_info_t info;
+  if (H5Oget_info_by_name(g.getId(), name.c_str(), &info, H5P_DEFAULT) < 0) return false;
+  return info.type == H5O_TYPE_GROUP;
+}
+
+bool is_dataset(const H5::Group& g, const std::string& name) {
+  if (!has_link(g, name)) return false;
+  H5O_info_t info;
+  if (H5Oget_info_by_name(g.getId(), name.c_str(), &info, H5P_DEFAULT) < 0) return false;
+  return info.type == H5O_TYPE_DATASET;
+}
+
+namespace {
+herr_t collect_cb(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> list_children(const H5::Group& g, bool groups_only, const Where& w) {
+  H5_index_t index = H5_INDEX_NAME;
+  hid_t gcpl = H5Gget_create_plist(g.getId());
+  if (gcpl >= 0) {
+    unsigned flags = 0;
+    if (H5Pget_link_creation_order(gcpl, &flags) >= 0 && (flags & H5P_CRT_ORDER_INDEXED))
+      index = H5_INDEX_CRT_ORDER;
+    H5Pclose(gcpl);
+  }
+  std::vector<std::string> names;
+  last_message().clear();
+  if (H5Literate(g.getId(), index, H5_ITER_INC, nullptr, collect_cb, &names) < 0) {
+    std::string detail = last_message();
+    last_message().clear();
+    throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while listing its members: ", detail));
+  }
+  if (groups_only) {
+    names.erase(std::remove_if(names.begin(), names.end(),
+                               [&](const std::string& n) { return !is_group(g, n); }),
+                names.end());
+  }
+  return names;
+}
+
+H5::Group create_group(const H5::Group& parent, const std::string& name, const Where& w) {
+  last_message().clear();
+  hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  hid_t id = H5Gcreate2(parent.getId(), name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  H5Pclose(gcpl);
+  if (id < 0) {
+    std::string detail = last_message();
+    last_message().clear();
+    throw Error(asap::str(w.file, ": HDF5 error while creating group '", w.child(name).obj, "': ", detail));
+  }
+  H5Gclose(id);
+  return guarded(w, asap::str("opening group '", name, "'"), [&] { return parent.openGroup(name); });
+}
+
+// ---- attributes ----------------------------------------------------------------
+
+std::string read_string_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
+  H5::Attribute a = open_attr(o, name, w);
+  return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
+    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
+               " should be a string, found ", attr_type_name(a));
+    check_single(a, name, w);
+    return read_strings(a, 1).at(0);
+  });
+}
+
+std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name,
+                                               const Where& w) {
+  H5::Attribute a = open_attr(o, name, w);
+  return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
+    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
+               " should be a list of strings, found ", attr_type_name(a));
+    hssize_t n = a.getSpace().getSimpleExtentNpoints();
+    return read_strings(a, static_cast<size_t>(n));
+  });
+}
+
+int64_t read_int_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
+  H5::Attribute a = open_attr(o, name, w);
+  return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
+    H5T_class_t cls = a.getTypeClass();
+    check_single(a, name, w);
+    if (cls == H5T_ENUM) {
+      // h5py stores Python bools as an int8 enum {FALSE, TRUE}.
+      H5::EnumType et = a.getEnumType();
+      ASAP_CHECK(et.getSize() == 1, w.file, ": ", attr_name(name, w),
+                 " should be an integer, found ", attr_type_name(a));
+      int8_t v = 0;
+      a.read(et, &v);
+      return static_cast<int64_t>(v);
+    }
+    ASAP_CHECK(cls == H5T_INTEGER, w.file, ": ", attr_name(name, w), " should be an integer, found ",
+               attr_type_name(a));
+    int64_t v = 0;
+    a.read(H5::PredType::NATIVE_INT64, &v);
+    return v;
+  });
+}
+
+double read_double_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
+  H5::Attribute a = open_attr(o, name, w);
+  return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
+    H5T_class_t cls = a.getTypeClass();
+    ASAP_CHECK(cls == H5T_FLOAT || cls == H5T_INTEGER, w.file, ": ", attr_name(name, w),
+               " should be a number, found ", attr_type_name(a));
+    check_single(a, name, w);
+    double v = 0;
+    a.read(H5::PredType::NATIVE_DOUBLE, &v);
+    return v;
+  });
+}
+
+void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value,
+                       const Where& w) {
+  guarded(w, asap::str("writing attribute '", name, "'"), [&] {
+    remove_attr_if_present(o, name);
+    H5::StrType t = vl_string_type();
+    H5::Attribute a = o.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
+    const char* p = value.c_str();
+    a.write(t, &p);
+  });
+}
+
+void write_string_list_attr(const H5::H5Object& o, const std::string& name,
+                            const std::vector<std::string>& values, const Where& w) {
+  guarded(w, asap::str("writing attribute '", name, "'"), [&] {
+    remove_attr_if_present(o, name);
+    H5::StrType t = vl_string_type();
+    hsize_t dims[1] = {values.size()};
+    H5::Attribute a = o.createAttribute(name, t, H5::DataSpace(1, dims));
+    std::vector<const char*> ptrs;
+    for (const auto& s : values) ptrs.push_back(s.c_str());
+    if (!ptrs.empty()) a.write(t, ptrs.data());
+  });
+}
+
+void write_int_attr(const H5::H5Object& o, const std::string& name, int64_t value, const Where& w) {
+  guarded(w, asap::str("writing attribute '", name, "'"), [&] {
+    remove_attr_if_present(o, name);
+    H5::Attribute a = o.createAttribute(name, H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+    a.write(H5::PredType::NATIVE_INT64, &value);
+  });
+}
+
+void write_double_attr(const H5::H5Object& o, const std::string& name, double value,
+                       const Where& w) {
+  guarded(w, asap::str("writing attribute '", name, "'"), [&] {
+    remove_attr_if_present(o, name);
+    H5::Attribute a = o.createAttribute(name, H5::PredType::IEEE_F64LE, H5::DataSpace(H5S_SCALAR));
+    a.write(H5::PredType::NATIVE_DOUBLE, &value);
+  });
+}
+
+// ---- datasets --------------------------------------------------------------------
+
+std::string DatasetInfo::type_name() const { return class_name(cls, size, is_signed); }
+
+H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Where& w) {
+  Where cw = w.child(name);
+  ASAP_CHECK(has_link(g, name), w.file, ": dataset '", cw.obj, "' is missing");
+  ASAP_CHECK(is_dataset(g, name), w.file, ": '", cw.obj, "' should be a dataset, found a group or other object");
+  return guarded(cw, "opening the dataset", [&] { return g.openDataSet(name); });
+}
+
+DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w) {
+  return guarded(w, "reading the dataset's shape and type", [&] {
+    DatasetInfo info;
+    H5::DataSpace sp = ds.getSpace();
+    ASAP_CHECK(sp.isSimple(), w.file, ": dataset '", w.obj, "' has a null dataspace, expected an array");
+    int rank = sp.getSimpleExtentNdims();
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    if (rank > 0) sp.getSimpleExtentDims(dims.data());
+    for (hsize_t d : dims) info.shape.push_back(static_cast<int64_t>(d));
+    info.cls = ds.getTypeClass();
+    info.size = ds.getDataType().getSize();
+    if (info.cls == H5T_INTEGER) info.is_signed = ds.getIntType().getSign() != H5T_SGN_NONE;
+    return info;
+  });
+}
+
+at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype,
+                     const Where& w) {
+  return guarded(w, "reading the dataset", [&] {
+    H5::DataSpace fspace = ds.getSpace();
+    int rank = fspace.getSimpleExtentNdims();
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    if (rank > 0) fspace.getSimpleExtentDims(dims.data());
+
+    std::vector<int64_t> shape(dims.begin(), dims.end());
+    if (rank > 0 && count >= 0) {
+      ASAP_ASSERT(start >= 0 && start + count <= shape[0]);
+      shape[0] = count;
+    } else {
+      start = 0;
+    }
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+
+    // Enums (h5py bools) do not convert to plain numbers in HDF5: read them
+    // with their native enum type into an integer of the same size.
+    H5T_class_t cls = ds.getTypeClass();
+    hid_t enum_native = -1;
+    at::ScalarType read_dtype = dtype;
+    if (cls == H5T_ENUM) {
+      enum_native = H5Tget_native_type(ds.getDataType().getId(), H5T_DIR_ASCEND);
+      if (enum_native < 0) throw H5::DataTypeIException("H5Tget_native_type", "enum without native type");
+      read_dtype = int_dtype_of_size(H5Tget_size(enum_native));
+    }
+    struct CloseType {
+      hid_t id;
+      ~CloseType() { if (id >= 0) H5Tclose(id); }
+    } close_enum{enum_native};
+
+    at::Tensor out = at::empty(shape, at::TensorOptions().dtype(read_dtype));
+    if (numel > 0) {
+      H5::DataSpace mspace = H5::DataSpace(H5S_SCALAR);
+      if (rank > 0) {
+        std::vector<hsize_t> off(static_cast<size_t>(rank), 0), cnt(dims);
+        off[0] = static_cast<hsize_t>(start);
+        cnt[0] = static_cast<hsize_t>(shape[0]);
+        fspace.selectHyperslab(H5S_SELECT_SET, cnt.data(), off.data());
+        mspace = H5::DataSpace(rank, cnt.data());
+      }
+      if (enum_native >= 0) {
+        if (H5Dread(ds.getId(), enum_native, mspace.getId(), fspace.getId(), H5P_DEFAULT, out.data_ptr()) < 0)
+          throw H5::DataSetIException("H5Dread", "reading enum data failed");
+      } else {
+        ds.read(out.data_ptr(), mem_type(dtype), mspace, fspace);
+      }
+    }
+    return read_dtype == dtype ? out : out.to(dtype);
+  });
+}
+
+void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t,
+                  int64_t chunk_rows, const Where& w) {
+  ASAP_ASSERT(t.defined());
+  at::Tensor c = t.cpu();
+  if (c.scalar_type() == at::kBool) c = c.to(at::kByte);
+  c = c.contiguous();
+  Where cw = w.child(name);
+  guarded(cw, "writing the dataset", [&] {
+    int rank = static_cast<int>(c.dim());
+    std::vector<hsize_t> dims;
+    for (int64_t s : c.sizes()) dims.push_back(static_cast<hsize_t>(s));
+    H5::DataSpace space = rank == 0 ? H5::DataSpace(H5S_SCALAR) : H5::DataSpace(rank, dims.data());
+    H5::DSetCreatPropList plist;
+    if (chunk_rows > 0 && rank >= 1 && c.numel() > 0) {
+      // Keep a chunk well under HDF5's 4 GiB limit.
+      int64_t row_bytes = (c.numel() / c.size(0)) * static_cast<int64_t>(c.element_size());
+      int64_t rows = std::min<int64_t>(chunk_rows, c.size(0));
+      rows = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t{1} << 30) / std::max<int64_t>(row_bytes, 1)));
+      std::vector<hsize_t> chunk(dims);
+      chunk[0] = static_cast<hsize_t>(rows);
+      plist.setChunk(rank, chunk.data());
+    }
+    H5::DataSet ds = g.createDataSet(name, file_type(c.scalar_type()), space, plist);
+    if (c.numel() > 0) ds.write(c.data_ptr(), mem_type(c.scalar_type()));
+  });
+}
+
+void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value,
+                          const Where& w) {
+  guarded(w.child(name), "writing the dataset", [&] {
+    H5::StrType t = vl_string_type();
+    H5::DataSet ds = g.createDataSet(name, t, H5::DataSpace(H5S_SCALAR));
+    const char* p = value.c_str();
+    ds.write(&p, t);
+  });
+}
+
+std::string read_string_dataset(const H5::Group& g, const std::string& name, const Where& w) {
+  H5::DataSet ds = open_dataset(g, name, w);
+  Where cw = w.child(name);
+  return guarded(cw, "reading the dataset", [&] {
+    ASAP_CHECK(ds.getTypeClass() == H5T_STRING, w.file, ": dataset '", cw.obj,
+               "' should hold a string, found ", class_name(ds.getTypeClass(), ds.getDataType().getSize()));
+    hssize_t n = ds.getSpace().getSimpleExtentNpoints();
+    ASAP_CHECK(n == 1, w.file, ": dataset '", cw.obj, "' should hold one string, found ", n);
+    H5::StrType st = ds.getStrType();
+    if (st.isVariableStr()) {
+      char* p = nullptr;
+      ds.read(&p, st);
+      std::string s = p ? p : "";
+      if (p) H5free_memory(p);
+      return s;
+    }
+    size_t size = st.getSize();
+    std::vector<char> buf(size + 1, '\0');
+    ds.read(buf.data(), st);
+    return trim_fixed(buf.data(), size, st.getStrpad());
+  });
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string shape_str(at::IntArrayRef shape) { return shape_str(std::vector<int64_t>(shape.begin(), shape.end())); }
+
+}  // namespace asap::detail::h5

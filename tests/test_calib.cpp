@@ -1,0 +1,453 @@
+// The calibration stream (docs/calibration-format.md): round trips through
+// temporary files, streaming reads, masks, and the bad-input suite. Bad files
+// are made by writing a valid one and editing it with the HDF5 C++ API.
+#include <ATen/ATen.h>
+#include <H5Cpp.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "asap/calib.h"
+#include "asap/error.h"
+#include "io/h5util.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test case, removed afterwards.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "asap-calib-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+    return v;
+  }
+};
+
+// The asap::Error message `f` throws (fails the test if it throws nothing).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const asap::Error& e) {
+    return e.what();
+  }
+  FAIL("expected asap::Error, nothing was thrown");
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A padding mask [N, n] with example i holding n - (i % 3) tokens (>= 1).
+at::Tensor make_mask(int64_t N, int64_t n) {
+  auto m = at::ones({N, n}, at::kByte);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = n - i % 3; j < n; ++j) m[i][j] = 0;
+  return m;
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && at::equal(a, b);
+}
+
+// Three layers covering x/float32 with its own mask, x/float64 on the shared
+// mask, and projected q/k/v.
+struct Sample {
+  std::vector<asap::CalibLayerData> layers;
+  at::Tensor shared;
+};
+
+Sample make_sample(int64_t N = 150, int64_t n = 7) {
+  at::manual_seed(3);
+  Sample s;
+  asap::CalibLayerData a;
+  a.name = "blocks.0.attn";
+  a.x = at::randn({N, n, 5}, at::kFloat);
+  a.mask = make_mask(N, n);
+  asap::CalibLayerData b;
+  b.name = "blocks.1.attn";
+  b.x = at::randn({N, n, 5}, at::kDouble);
+  asap::CalibLayerData c;
+  c.name = "adapter.attn";
+  c.q = at::randn({N, 2, n, 3}, at::kFloat);
+  c.k = at::randn({N, 2, n, 3}, at::kFloat);
+  c.v = at::randn({N, 2, n, 4}, at::kFloat);
+  s.layers = {a, b, c};
+  s.shared = at::ones({N, n}, at::kByte);
+  s.shared.select(1, n - 1).fill_(0);  // last token padded everywhere
+  return s;
+}
+
+// Reopens `path` read-write and applies `edit`.
+void edit_file(const std::string& path, const std::function<void(H5::H5File&)>& edit) {
+  H5::H5File f(path, H5F_ACC_RDWR);
+  edit(f);
+}
+
+asap::detail::h5::Where where_of(const std::string& path) { return {"test '" + path + "'", "/"}; }
+
+}  // namespace
+
+TEST_CASE("calib: round trip keeps every layer, dtype and mask") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample();
+  asap::write_calib(path, s.layers, s.shared);
+  CHECK(tmp.entries() == std::vector<std::string>{"c.h5"});  // no temporary left behind
+
+  asap::CalibFile cf(path);
+  CHECK(cf.path() == path);
+  // Writer's order, not alphabetical ("adapter.attn" would sort first).
+  CHECK(cf.layer_names() == std::vector<std::string>{"blocks.0.attn", "blocks.1.attn", "adapter.attn"});
+  CHECK(cf.has_layer("blocks.1.attn"));
+  CHECK_FALSE(cf.has_layer("blocks.2.attn"));
+
+  auto a = cf.info("blocks.0.attn");
+  CHECK(a.name == "blocks.0.attn");
+  CHECK_FALSE(a.projected);
+  CHECK_FALSE(a.has_v);
+  CHECK(a.has_mask);
+  CHECK(a.N == 150);
+  CHECK(a.n == 7);
+  CHECK(a.d_model == 5);
+
+  auto c = cf.info("adapter.attn");
+  CHECK(c.projected);
+  CHECK(c.has_v);
+  CHECK(c.has_mask);  // from the shared root mask
+  CHECK(c.heads == 2);
+  CHECK(c.head_dim == 3);
+  CHECK(c.value_dim == 4);
+  CHECK(c.N == 150);
+  CHECK(c.n == 7);
+
+  auto ba = cf.read("blocks.0.attn", 0, 150);
+  CHECK(ba.start == 0);
+  CHECK(same(ba.x, s.layers[0].x));
+  CHECK_FALSE(ba.q.defined());
+  CHECK(same(ba.mask, s.layers[0].mask.to(at::kBool)));
+
+  auto bb = cf.read("blocks.1.attn", 0, 150);
+  CHECK((bb.x.scalar_type() == at::kDouble));  // float64 stays float64
+  CHECK(same(bb.x, s.layers[1].x));
+  CHECK(same(bb.mask, s.shared.to(at::kBool)));
+
+  auto bc = cf.read("adapter.attn", 0, 150);
+  CHECK_FALSE(bc.x.defined());
+  CHECK(same(bc.q, s.layers[2].q));
+  CHECK(same(bc.k, s.layers[2].k));
+  CHECK(same(bc.v, s.layers[2].v));
+  CHECK(same(bc.mask, s.shared.to(at::kBool)));
+}
+
+TEST_CASE("calib: streaming slabs equal the whole read") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(200, 6);
+  asap::write_calib(path, s.layers, s.shared);
+  asap::CalibFile cf(path);
+  for (const std::string layer : {"blocks.0.attn", "adapter.attn"}) {
+    auto whole = cf.read(layer, 0, 200);
+    for (int64_t batch : {64, 37, 1, 200}) {
+      CAPTURE(batch);
+      std::vector<at::Tensor> xs, qs, ks, vs, ms;
+      for (int64_t start = 0; start < 200; start += batch) {
+        auto b = cf.read(layer, start, std::min<int64_t>(batch, 200 - start));
+        CHECK(b.start == start);
+        if (b.x.defined()) xs.push_back(b.x);
+        if (b.q.defined()) qs.push_back(b.q), ks.push_back(b.k), vs.push_back(b.v);
+        ms.push_back(b.mask);
+      }
+      if (whole.x.defined()) CHECK(same(at::cat(xs), whole.x));
+      if (whole.q.defined()) {
+        CHECK(same(at::cat(qs), whole.q));
+        CHECK(same(at::cat(ks), whole.k));
+        CHECK(same(at::cat(vs), whole.v));
+      }
+      CHECK(same(at::cat(ms), whole.mask));
+    }
+  }
+  // A slab in the middle holds exactly those examples.
+  auto mid = cf.read("blocks.0.attn", 70, 9);
+  CHECK(same(mid.x, s.layers[0].x.slice(0, 70, 79)));
+  // An empty read is allowed; reading past the end is not.
+  CHECK(cf.read("blocks.0.attn", 200, 0).x.size(0) == 0);
+  std::string msg = error_of([&] { cf.read("blocks.0.attn", 190, 20); });
+  CHECK(contains(msg, "calibration file '" + path + "': layer 'blocks.0.attn': cannot read examples [190, 210)"));
+  CHECK(contains(msg, "has 200"));
+}
+
+TEST_CASE("calib: per-layer mask wins over the shared root mask; no mask at all means no padding") {
+  TempDir tmp;
+  Sample s = make_sample(20, 5);
+  {
+    const std::string path = tmp.file("shared.h5");
+    asap::write_calib(path, s.layers, s.shared);
+    asap::CalibFile cf(path);
+    CHECK(same(cf.read("blocks.0.attn", 0, 20).mask, s.layers[0].mask.to(at::kBool)));  // own mask
+    CHECK(same(cf.read("blocks.1.attn", 0, 20).mask, s.shared.to(at::kBool)));          // root mask
+    CHECK_FALSE(same(s.layers[0].mask, s.shared));
+  }
+  {
+    const std::string path = tmp.file("none.h5");
+    asap::write_calib(path, s.layers);  // no shared mask
+    asap::CalibFile cf(path);
+    CHECK(cf.info("blocks.0.attn").has_mask);
+    CHECK_FALSE(cf.info("blocks.1.attn").has_mask);
+    CHECK_FALSE(cf.read("blocks.1.attn", 0, 20).mask.defined());
+  }
+}
+
+TEST_CASE("calib: files written the way h5py writes them are read (fixed-length strings, bool masks)") {
+  TempDir tmp;
+  const std::string path = tmp.file("py.h5");
+  const int64_t N = 4, n = 3, d = 2;
+  {
+    H5::H5File f(path, H5F_ACC_TRUNC);
+    // np.string_("asapc-calib"): fixed-length, NUL-padded.
+    H5::StrType fixed(H5::PredType::C_S1, 11);
+    H5::Attribute fa = f.createAttribute("format", fixed, H5::DataSpace(H5S_SCALAR));
+    fa.write(fixed, std::string("asapc-calib"));
+    int64_t one = 1;
+    f.createAttribute("version", H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR))
+        .write(H5::PredType::NATIVE_INT64, &one);
+    H5::Group layers = f.createGroup("layers");
+    H5::Group g = layers.createGroup("enc.attn");
+    auto x = at::arange(N * n * d, at::kFloat).reshape({N, n, d});
+    hsize_t xd[3] = {N, n, d};
+    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, xd)).write(x.data_ptr(), H5::PredType::NATIVE_FLOAT);
+    // numpy bool -> HDF5 enum {FALSE = 0, TRUE = 1} over int8.
+    H5::EnumType bt(H5::PredType::NATIVE_INT8);
+    int8_t f0 = 0, t1 = 1;
+    bt.insert("FALSE", &f0);
+    bt.insert("TRUE", &t1);
+    int8_t mask[N * n] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0};
+    hsize_t md[2] = {N, n};
+    g.createDataSet("mask", bt, H5::DataSpace(2, md)).write(mask, bt);
+  }
+  asap::CalibFile cf(path);
+  CHECK(cf.layer_names() == std::vector<std::string>{"enc.attn"});
+  auto b = cf.read("enc.attn", 1, 3);
+  CHECK(same(b.x, at::arange(N * n * d, at::kFloat).reshape({N, n, d}).slice(0, 1, 4)));
+  auto expect = at::tensor({1, 1, 0, 1, 0, 0, 1, 1, 0}, at::kByte).reshape({3, 3}).to(at::kBool);
+  CHECK(same(b.mask, expect));
+}
+
+TEST_CASE("calib: wrong or missing format attribute is refused") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers, s.shared);
+  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_string_attr(f, "format", "asapc-artifact", where_of(path)); });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path +
+            "' is not an asapc calibration file: root attribute 'format' is 'asapc-artifact', expected 'asapc-calib'");
+  edit_file(path, [&](H5::H5File& f) { f.removeAttr("format"); });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }), "root attribute 'format' is missing"));
+  // Not HDF5 at all, and no file.
+  const std::string txt = tmp.file("notes.txt");
+  { std::ofstream(txt) << "hello"; }
+  CHECK(error_of([&] { asap::CalibFile cf(txt); }) ==
+        "calibration file '" + txt + "': not an HDF5 file (no HDF5 signature found)");
+  CHECK(error_of([&] { asap::CalibFile cf(tmp.file("missing.h5")); }) ==
+        "calibration file '" + tmp.file("missing.h5") + "': no such file");
+}
+
+TEST_CASE("calib: future version is refused naming both versions") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers);
+  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_int_attr(f, "version", 2, where_of(path)); });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path + "' has version 2 but this asapc reads version 1; upgrade asapc");
+  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_int_attr(f, "version", 0, where_of(path)); });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }), "has invalid version 0"));
+  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_string_attr(f, "version", "1", where_of(path)); });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }),
+                 "attribute 'version' of '/' should be an integer, found string"));
+}
+
+TEST_CASE("calib: a layer holding both x and q is refused") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers);
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/blocks.0.attn");
+    asap::detail::h5::write_tensor(g, "q", at::zeros({8, 2, 4, 3}), 0, where_of(path));
+  });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path +
+            "': layer 'blocks.0.attn' holds both 'x' and projected 'q'/'k'/'v'; expected either x or q+k");
+  // The writer refuses the same thing up front.
+  asap::CalibLayerData both = s.layers[0];
+  both.q = at::zeros({8, 2, 4, 3});
+  both.k = both.q;
+  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("w.h5"), {both}); }), "must have either x or q+k (both given)"));
+  CHECK_FALSE(fs::exists(tmp.file("w.h5")));
+}
+
+TEST_CASE("calib: projected layers need q and k of one shape") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers);
+  edit_file(path, [&](H5::H5File& f) { f.openGroup("/layers/adapter.attn").unlink("k"); });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }), "layer 'adapter.attn' has 'q' but no 'k'"));
+  edit_file(path, [&](H5::H5File& f) {
+    asap::detail::h5::write_tensor(f.openGroup("/layers/adapter.attn"), "k", at::zeros({8, 2, 4, 5}), 0, where_of(path));
+  });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }),
+                 "layer 'adapter.attn' dataset 'k' has shape [8, 2, 4, 5] but 'q' has [8, 2, 4, 3]"));
+}
+
+TEST_CASE("calib: mask shape mismatch is refused, per layer and shared") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers, s.shared);
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/blocks.0.attn");
+    g.unlink("mask");
+    asap::detail::h5::write_tensor(g, "mask", at::ones({8, 5}, at::kByte), 0, where_of(path));
+  });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path +
+            "': mask '/layers/blocks.0.attn/mask' has shape [8, 5] but layer 'blocks.0.attn' needs [N, n] = [8, 4]");
+
+  const std::string p2 = tmp.file("c2.h5");
+  asap::write_calib(p2, s.layers, s.shared);
+  edit_file(p2, [&](H5::H5File& f) {
+    f.unlink("mask");
+    asap::detail::h5::write_tensor(f, "mask", at::ones({7, 4}, at::kByte), 0, where_of(p2));
+  });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(p2); }),
+                 "shared mask '/mask' has shape [7, 4] but layer 'blocks.1.attn' (which has no mask of its own) needs [N, n] = [8, 4]"));
+  // The writer checks mask shapes too.
+  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("w.h5"), s.layers, at::ones({8, 3})); }),
+                 "shared mask (used by layer 'blocks.1.attn') should be [N, n] = [8, 4], found [8, 3]"));
+}
+
+TEST_CASE("calib: NaN/Inf at example k is reported with the layer and k") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(40, 4);
+  s.layers[0].x[17][2][1] = std::numeric_limits<float>::quiet_NaN();
+  s.layers[2].k[33][1][0][0] = std::numeric_limits<float>::infinity();
+  asap::write_calib(path, s.layers);  // values are the reader's job
+  asap::CalibFile cf(path);
+  CHECK(error_of([&] { cf.read("blocks.0.attn", 0, 40); }) ==
+        "calibration file '" + path + "': layer 'blocks.0.attn' example 17 contains NaN/Inf in 'x'");
+  // Streaming: the example index is absolute, and clean slabs read fine.
+  CHECK(error_of([&] { cf.read("blocks.0.attn", 10, 10); }) ==
+        "calibration file '" + path + "': layer 'blocks.0.attn' example 17 contains NaN/Inf in 'x'");
+  CHECK_NOTHROW(cf.read("blocks.0.attn", 0, 17));
+  CHECK_NOTHROW(cf.read("blocks.0.attn", 18, 22));
+  CHECK(error_of([&] { cf.read("adapter.attn", 32, 8); }) ==
+        "calibration file '" + path + "': layer 'adapter.attn' example 33 contains NaN/Inf in 'k'");
+}
+
+TEST_CASE("calib: masks must be 0/1 with at least one token per example") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(10, 4);
+  s.layers[0].mask[3].fill_(0);
+  s.layers[1].mask = at::ones({10, 4}, at::kByte);
+  s.layers[1].mask[6][2] = 2;
+  asap::write_calib(path, s.layers);
+  asap::CalibFile cf(path);
+  CHECK(error_of([&] { cf.read("blocks.0.attn", 0, 10); }) ==
+        "calibration file '" + path +
+            "': layer 'blocks.0.attn' example 3: mask '/layers/blocks.0.attn/mask' has no tokens (all zero); every "
+            "example needs at least one");
+  CHECK_NOTHROW(cf.read("blocks.0.attn", 4, 6));
+  CHECK(contains(error_of([&] { cf.read("blocks.1.attn", 0, 10); }),
+                 "layer 'blocks.1.attn' example 6: mask '/layers/blocks.1.attn/mask' holds 2 at position 2; expected 0 "
+                 "(padding) or 1 (token)"));
+}
+
+TEST_CASE("calib: empty layers (N = 0) and empty files are refused") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  asap::CalibLayerData l;
+  l.name = "blocks.0.attn";
+  l.x = at::zeros({0, 4, 3});
+  asap::write_calib(path, {l});
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path + "': layer 'blocks.0.attn' has N = 0 examples; at least one is needed");
+  edit_file(path, [&](H5::H5File& f) { f.unlink("layers/blocks.0.attn"); });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path + "': group '/layers' holds no layers");
+  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("none.h5"), {}); }), "nothing to write"));
+}
+
+TEST_CASE("calib: wrong dtypes and ranks name the dataset") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers);
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/blocks.1.attn");
+    g.unlink("x");
+    asap::detail::h5::write_tensor(g, "x", at::zeros({8, 4, 5}, at::kLong), 0, where_of(path));
+  });
+  CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
+        "calibration file '" + path + "': layer 'blocks.1.attn' dataset 'x' should be float32 or float64, found int64");
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/blocks.1.attn");
+    g.unlink("x");
+    asap::detail::h5::write_tensor(g, "x", at::zeros({8, 20}), 0, where_of(path));
+  });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(path); }),
+                 "layer 'blocks.1.attn' dataset 'x' should be [N, n, d_model], found shape [8, 20]"));
+}
+
+TEST_CASE("calib: unknown layer names list what the file has") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, s.layers);
+  asap::CalibFile cf(path);
+  const std::string expect = "calibration file '" + path +
+                             "' has no layer 'blocks.9.attn'; it has: blocks.0.attn, blocks.1.attn, adapter.attn";
+  CHECK(error_of([&] { cf.info("blocks.9.attn"); }) == expect);
+  CHECK(error_of([&] { cf.read("blocks.9.attn", 0, 1); }) == expect);
+}
+
+TEST_CASE("calib: write_calib replaces an existing file and cleans up after a failure") {
+  TempDir tmp;
+  const std::string path = tmp.file("c.h5");
+  Sample s = make_sample(8, 4);
+  asap::write_calib(path, {s.layers[0]});
+  asap::write_calib(path, s.layers);  // overwrite
+  CHECK(asap::CalibFile(path).layer_names().size() == 3);
+  // A half-precision tensor is widened, not refused; an integer one is refused mid-write.
+  asap::CalibLayerData half = s.layers[1];
+  half.name = "half";
+  half.x = s.layers[1].x.to(at::kHalf);
+  asap::CalibLayerData ints = s.layers[1];
+  ints.name = "ints";
+  ints.x = at::zeros({8, 4, 5}, at::kInt);
+  CHECK(contains(error_of([&] { asap::write_calib(path, {s.layers[0], half, ints}); }),
+                 "layer 'ints' tensor 'x' should be floating point, found Int"));
+  CHECK(tmp.entries() == std::vector<std::string>{"c.h5"});
+  CHECK(asap::CalibFile(path).layer_names().size() == 3);  // the old file is untouched
+  asap::write_calib(path, {half});
+  CHECK((asap::CalibFile(path).read("half", 0, 8).x.scalar_type() == at::kFloat));
+}
