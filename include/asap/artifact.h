@@ -65,3 +65,9 @@ void write_artifact(const std::string& path, const Artifact& art);
 Artifact read_artifact(const std::string& path);
 
 }  // namespace asap
+
+namespace asap {
+// The root 'format' attribute of an HDF5 file ("asapc-artifact",
+// "asapc-calib", ...); "" when the file is not HDF5 or has none.
+std::string hdf5_format_of(const std::string& path);
+}  // namespace asap

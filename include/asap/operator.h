@@ -4,6 +4,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "asap/teacher.h"
 
 namespace asap {
@@ -20,6 +22,11 @@ struct ClosureResult {
   at::Tensor A;     // [B, H, n, n] attention, when requested
   at::Tensor O;     // [B, H, n, dv] head outputs, when v is given
 };
+
+// Calls step(k, f, g) after each of the closures 1..k_max, where plan(f, g)
+// is the k-closure operator's plan (g = col(f) after odd k, f = row(g) after even k).
+void for_each_closure(const at::Tensor& S, const at::Tensor& f_hat, const LogMarginals& m, double eps, int k_max,
+                      const std::function<void(int, const at::Tensor&, const at::Tensor&)>& step);
 
 // The teacher's loop warm-started at f_hat with k >= 1 closures:
 // g1 = col(f_hat), f1 = row(g1), g2 = col(f1), ...; odd k ends on a column.

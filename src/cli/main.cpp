@@ -1,14 +1,34 @@
-// asapc: a thin command-line front end over libasap.
+// asapc: a thin command-line front end over libasap. Each subcommand lives
+// in its own file; this one wires them up and maps errors to exit codes.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
 #include "asap/error.h"
+#include "commands.h"
+#include "common.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"asapc: compile Sinkhorn attention into amortized ASAP operators"};
+  CLI::App app{"asapc: compile Sinkhorn (Sinkformer) attention into amortized ASAP operators"};
   app.set_version_flag("--version", std::string("asapc ") + ASAP_VERSION_STRING_CLI);
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
-  return 0;
+  std::function<int()> run;
+  asapc::add_inspect(app, run);
+  asapc::add_compile(app, run);
+  asapc::add_verify(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : asapc::kExitBadInput;
+  }
+  try {
+    return run();
+  } catch (const asap::Error& e) {
+    std::cerr << "asapc: error: " << e.what() << "\n";
+    return asapc::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "asapc: internal error: " << e.what() << "\n";
+    return 3;
+  }
 }

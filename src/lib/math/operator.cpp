@@ -24,17 +24,25 @@ at::Tensor dual_from_phi(const at::Tensor& phi_hat, const at::Tensor& alpha, con
   return f.masked_fill(m.row_active.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
+void for_each_closure(const at::Tensor& S, const at::Tensor& f_hat, const LogMarginals& m, double eps, int k_max,
+                      const std::function<void(int, const at::Tensor&, const at::Tensor&)>& step) {
+  ASAP_CHECK(k_max >= 1, "number of closures must be at least 1, found ", k_max);
+  at::Tensor f = f_hat, g;
+  for (int t = 1; t <= k_max; ++t) {
+    if (t % 2 == 1)
+      g = col_closure(S, f, m, eps);
+    else
+      f = row_closure(S, g, m, eps);
+    step(t, f, g);
+  }
+}
+
 ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
                            const LogMarginals& m, const Convention& c, int k, bool want_attention) {
-  ASAP_CHECK(k >= 1, "number of closures must be at least 1, found ", k);
   ClosureResult r;
-  r.f = f_hat;
-  for (int t = 1; t <= k; ++t) {
-    if (t % 2 == 1)
-      r.g = col_closure(S, r.f, m, c.eps);
-    else
-      r.f = row_closure(S, r.g, m, c.eps);
-  }
+  for_each_closure(S, f_hat, m, c.eps, k, [&](int t, const at::Tensor& f, const at::Tensor& g) {
+    if (t == k) r.f = f, r.g = g;
+  });
   auto A = plan_attention(S, r.f, r.g, c);
   if (v.defined()) r.O = at::matmul(A, v);
   if (want_attention) r.A = A;

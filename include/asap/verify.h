@@ -1,0 +1,73 @@
+// asap/verify.h -- the compiled operator against its teacher on held-out
+// data (asap-math.md section 7). `asapc verify` and compile's own report
+// both call verify(), so their metrics are the same computation.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "asap/artifact.h"
+#include "asap/compile.h"
+#include "asap/metrics.h"
+
+namespace asap {
+
+class CalibFile;
+struct Checkpoint;
+
+struct VerifyOptions {
+  int max_closures = 5;           // ASAP with k = 1..max_closures
+  bool reduced_budgets = true;    // Sinkhorn normalizers with T' = 1..T-1
+  bool time = true;               // measure latencies
+  int warmup = 1, repeats = 5;    // latency: median of repeats after warm-up
+  int64_t batch_size = 16;        // examples per batch (also the timed batch)
+  int64_t max_examples = 0;       // > 0: only the first examples that pass the filter
+  int64_t scatter_points = 1500;  // predicted vs teacher dual points kept for the plot
+  bool float64 = false;           // compute in float64 (default: float32, as deployed)
+  std::vector<std::string> layers;  // empty: every artifact layer
+  std::function<bool(int64_t)> example_filter;  // which data examples to use (default: all)
+  std::function<void(const ProgressEvent&)> progress;
+};
+
+struct OperatorResult {
+  std::string kind;       // "teacher", "asap", "sinkhorn"
+  int steps = 0;          // closures (asap) or budget T' (sinkhorn, teacher)
+  int lse_passes = 0;     // log-sum-exp passes including the softmax feature
+  bool is_default = false;         // the artifact's default operator
+  bool teacher_ending = false;     // ends on the teacher's side
+  FidelityMetrics metrics;
+  double latency_s = -1;  // median seconds per timed batch (-1: not timed)
+};
+
+struct LayerVerification {
+  std::string name;
+  int T = 0;
+  int default_closures = 0;
+  int64_t examples = 0;
+  std::vector<OperatorResult> operators;  // teacher first, then asap k = 1.., then sinkhorn T' = 1..
+  std::vector<double> per_head_attention_error;  // default operator, per head
+  std::vector<double> dual_pred, dual_teacher;   // scatter sample (centered, cost coordinates)
+  double fit_time_s = -1;
+  double break_even_calls = -1;  // fit_time / (t_teacher - t_default), -1 when not faster
+  nlohmann::json fit;            // the artifact's fit record
+};
+
+struct VerifyResult {
+  std::string artifact, checkpoint, data;
+  int64_t timed_batch = 0;
+  std::vector<LayerVerification> layers;
+  nlohmann::json to_json() const;
+};
+
+// Checks the artifact belongs to the checkpoint: digest (unless force),
+// layer names and shapes. Throws asap::Error with one sentence.
+void check_artifact_matches(const Artifact& art, const std::string& artifact_path, const Checkpoint& ck, bool force);
+
+// Runs the comparison. The teacher is computed from the checkpoint's weights
+// through the artifact's recorded conventions.
+VerifyResult verify(const Artifact& art, const std::string& artifact_path, const Checkpoint& ck, const CalibFile& data,
+                    const VerifyOptions& opt);
+
+}  // namespace asap

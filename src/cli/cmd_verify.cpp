@@ -1,0 +1,116 @@
+// asapc verify: compare a compiled artifact against its teacher on held-out
+// data; a terminal table, JSON, an HTML report, and thresholds for gating.
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "asap/artifact.h"
+#include "asap/calib.h"
+#include "asap/checkpoint.h"
+#include "asap/error.h"
+#include "asap/report.h"
+#include "asap/verify.h"
+#include "commands.h"
+#include "common.h"
+#include "report_table.h"
+
+namespace asapc {
+
+namespace {
+
+struct VerifyArgs {
+  std::string checkpoint, artifact, data, report, json_out;
+  std::vector<std::string> compare;
+  asap::VerifyOptions opt;
+  bool force = false, quiet = false, json = false, no_timing = false;
+  int threads = 0;
+  double max_attention_error = -1, max_output_rmse = -1, max_col_marginal_error = -1, max_kl = -1;
+};
+
+}  // namespace
+
+void add_verify(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<VerifyArgs>();
+  auto* c = app.add_subcommand("verify", "Compare a compiled artifact against its teacher on held-out data");
+  c->add_option("checkpoint", a->checkpoint, "teacher checkpoint the artifact was compiled from")->required();
+  c->add_option("--artifact", a->artifact, "compiled artifact")->required();
+  c->add_option("--data", a->data, "held-out data (calibration format)")->required();
+  c->add_option("--compare", a->compare, "further artifacts of the same teacher to show side by side (e.g. --fit kl)");
+  c->add_option("--report", a->report, "write the HTML report here (default: ARTIFACT.verify.html)");
+  c->add_option("--json-out", a->json_out, "write the JSON here (default: ARTIFACT.verify.json)");
+  c->add_option("--layers", a->opt.layers, "verify only these layers");
+  c->add_option("--max-closures", a->opt.max_closures, "ASAP evaluated with k = 1..N closures")->capture_default_str();
+  c->add_option("--batch-size", a->opt.batch_size, "examples per batch (also the timed batch)")->capture_default_str();
+  c->add_option("--max-examples", a->opt.max_examples, "use only the first N examples");
+  c->add_option("--repeats", a->opt.repeats, "timing repeats (median)")->capture_default_str();
+  c->add_flag("--no-timing", a->no_timing, "skip latency measurements");
+  c->add_flag("--float64", a->opt.float64, "compute in float64");
+  c->add_option("--max-attention-error", a->max_attention_error,
+                "exit 1 when the default operator's attention relative error exceeds this on any layer");
+  c->add_option("--max-output-rmse", a->max_output_rmse, "exit 1 when the default operator's head output RMSE exceeds this");
+  c->add_option("--max-col-marginal-error", a->max_col_marginal_error,
+                "exit 1 when the default operator's column marginal error exceeds this");
+  c->add_option("--max-kl", a->max_kl, "exit 1 when the default operator's teacher-plan KL exceeds this");
+  c->add_flag("--force", a->force, "compare even if the checkpoint digest differs (names and shapes must still match)");
+  c->add_option("--threads", a->threads, "threads (default: all cores)");
+  c->add_flag("-q,--quiet", a->quiet, "no progress bar");
+  c->add_flag("--json", a->json, "print the JSON on stdout instead of the table");
+  c->callback([a, &run] {
+    run = [a] {
+      set_threads(a->threads);
+      a->opt.time = !a->no_timing;
+      auto ck = asap::load_checkpoint(a->checkpoint);
+      asap::CalibFile data(a->data);
+      Progress bar(a->quiet);
+      a->opt.progress = [&bar](const asap::ProgressEvent& e) { bar.update(e.layer + " " + e.phase, e.done, e.total); };
+      std::vector<std::string> paths{a->artifact};
+      paths.insert(paths.end(), a->compare.begin(), a->compare.end());
+      nlohmann::json all = nlohmann::json::array();
+      for (const auto& p : paths) {
+        auto art = asap::read_artifact(p);
+        asap::check_artifact_matches(art, p, ck, a->force);
+        auto res = asap::verify(art, p, ck, data, a->opt);
+        auto j = res.to_json();
+        j["fit"] = art.layers.empty() || art.layers[0].fit_json.empty()
+                       ? "ls"
+                       : nlohmann::json::parse(art.layers[0].fit_json).value("fit", "ls");
+        all.push_back(j);
+      }
+      bar.finish();
+      nlohmann::json out = all[0];
+      if (all.size() > 1) out["compare"] = nlohmann::json(all.begin() + 1, all.end());
+      const std::string html = a->report.empty() ? a->artifact + ".verify.html" : a->report;
+      const std::string js = a->json_out.empty() ? a->artifact + ".verify.json" : a->json_out;
+      asap::write_report(out, html, js, "asapc verify: " + a->artifact, "Held-out data: " + a->data);
+      if (a->json)
+        std::cout << out.dump(2) << "\n";
+      else
+        print_verify_table(out, std::cout);
+      if (!a->json) std::cout << "report: " << html << "\njson:   " << js << "\n";
+      // Thresholds on the default operator of every layer.
+      int code = 0;
+      for (const auto& l : out["layers"])
+        for (const auto& o : l["operators"]) {
+          if (!o["default"].get<bool>()) continue;
+          const auto& m = o["metrics"];
+          auto gate = [&](double limit, const char* key, const char* flag) {
+            if (limit < 0) return;
+            const double v = m[key].get<double>();
+            if (v > limit) {
+              std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
+                        << " exceeds " << flag << " " << limit << "\n";
+              code = kExitThreshold;
+            }
+          };
+          gate(a->max_attention_error, "attention_rel_error", "--max-attention-error");
+          gate(a->max_output_rmse, "head_output_rmse", "--max-output-rmse");
+          gate(a->max_col_marginal_error, "col_marginal_error", "--max-col-marginal-error");
+          gate(a->max_kl, "teacher_plan_kl", "--max-kl");
+        }
+      return code;
+    };
+  });
+}
+
+}  // namespace asapc

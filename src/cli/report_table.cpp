@@ -1,0 +1,79 @@
+#include "report_table.h"
+
+#include <cstdio>
+#include <string>
+
+#include "common.h"
+
+namespace asapc {
+
+namespace {
+
+std::string num(double v, const char* fmt = "%.4f") {
+  if (v < 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, fmt, v);
+  return b;
+}
+
+std::string ms(double s) { return s < 0 ? "-" : num(s * 1e3, "%.3f") + " ms"; }
+
+std::string op_label(const nlohmann::json& o, int T) {
+  const std::string kind = o["kind"];
+  const int steps = o["steps"];
+  if (kind == "teacher") return "teacher T=" + std::to_string(steps);
+  if (kind == "asap") return "ASAP k=" + std::to_string(steps) + (o["default"].get<bool>() ? " *" : "");
+  return "Sinkhorn T'=" + std::to_string(steps) + (o["teacher_ending"].get<bool>() ? "" : " (other end)");
+  (void)T;
+}
+
+}  // namespace
+
+void print_verify_table(const nlohmann::json& v, std::ostream& os) {
+  char line[512];
+  for (const auto& l : v["layers"]) {
+    const int T = l["T"];
+    os << "\nlayer '" << l["name"].get<std::string>() << "': teacher T=" << T << " (" << l["ending"].get<std::string>()
+       << "-ending), " << l["examples"].get<int64_t>() << " examples";
+    if (l["fit_time_s"].get<double>() >= 0) os << ", fit " << human_seconds(l["fit_time_s"].get<double>());
+    if (l["break_even_calls"].get<double>() >= 0)
+      os << ", pays off after " << num(l["break_even_calls"].get<double>(), "%.0f") << " calls";
+    os << "\n";
+    std::snprintf(line, sizeof line, "  %-24s %6s %10s %10s %9s %9s %10s %12s %8s\n", "operator", "passes", "attn err",
+                  "out RMSE", "row marg", "col marg", "plan KL", "latency", "speedup");
+    os << line;
+    double t_teacher = -1;
+    for (const auto& o : l["operators"])
+      if (o["kind"] == "teacher") t_teacher = o["latency_s"];
+    for (const auto& o : l["operators"]) {
+      const auto& m = o["metrics"];
+      const double lat = o["latency_s"];
+      std::string speed = (lat > 0 && t_teacher > 0) ? num(t_teacher / lat, "%.2f") + "x" : "-";
+      std::snprintf(line, sizeof line, "  %-24s %6d %10s %10s %9s %9s %10s %12s %8s\n", op_label(o, T).c_str(),
+                    o["lse_passes"].get<int>(), num(m["attention_rel_error"]).c_str(),
+                    num(m["head_output_rmse"]).c_str(), num(m["row_marginal_error"]).c_str(),
+                    num(m["col_marginal_error"]).c_str(), num(m["teacher_plan_kl"], "%.2e").c_str(), ms(lat).c_str(),
+                    speed.c_str());
+      os << line;
+    }
+    os << "  * default operator; passes count log-sum-exp sweeps (closures, plus one for the softmax feature)\n";
+  }
+  if (v.contains("compare")) {
+    os << "\nside by side (default operators):\n";
+    std::vector<nlohmann::json> all{v};
+    for (const auto& c : v["compare"]) all.push_back(c);
+    for (const auto& a : all)
+      for (const auto& l : a["layers"])
+        for (const auto& o : l["operators"])
+          if (o["default"].get<bool>()) {
+            std::snprintf(line, sizeof line, "  %-34s %-28s fit %-3s k=%d attn err %s  plan KL %s\n",
+                          a["artifact"].get<std::string>().c_str(), l["name"].get<std::string>().c_str(),
+                          a.value("fit", "ls").c_str(), o["steps"].get<int>(),
+                          num(o["metrics"]["attention_rel_error"]).c_str(),
+                          num(o["metrics"]["teacher_plan_kl"], "%.3e").c_str());
+            os << line;
+          }
+  }
+}
+
+}  // namespace asapc

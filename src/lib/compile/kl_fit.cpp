@@ -1,0 +1,261 @@
+#include "compile/kl_fit.h"
+
+#include <ATen/ATen.h>
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <limits>
+
+#include "asap/error.h"
+#include "asap/features.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
+#include "compile/stream.h"
+
+namespace asap {
+
+using nlohmann::json;
+
+int64_t KlBatch::bytes() const {
+  return static_cast<int64_t>((Psi.numel() + M.numel() + b.numel() + rstar.numel() + kl_const.numel()) * 8);
+}
+
+KlBatch make_kl_batch(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& mask, const at::Tensor& f_star,
+                      const at::Tensor& Psi, double scale, double eps, bool drop_padded_queries) {
+  auto q = q_in.to(at::kDouble), k = k_in.to(at::kDouble);
+  const int64_t B = q.size(0), n = q.size(2);
+  auto m = log_marginals(mask, B, n, drop_padded_queries, at::kDouble, q.device());
+  auto S = scores(q, k, scale);
+  auto alpha = cost_alpha(q, scale), beta = cost_alpha(k, scale);
+  auto C = alpha.unsqueeze(-1) + beta.unsqueeze(-2) - S;  // quadratic cost
+  KlBatch kb;
+  kb.Psi = Psi.to(at::kDouble).contiguous();
+  kb.M = (-C / eps).masked_fill(m.row_active.unsqueeze(-1).logical_not(), -std::numeric_limits<double>::infinity());
+  kb.b = m.log_b.exp();
+  // Reference plan pi* = plan(f*, col(f*)) (coupling units).
+  auto fs = f_star.to(at::kDouble);
+  auto g = col_closure(S, fs, m, eps);
+  auto pi = at::exp((S + fs.unsqueeze(-1) + g.unsqueeze(-2)) / eps);
+  kb.rstar = pi.sum(-1);
+  // KL_e = F_e + sum pi* log pi* + (1/eps) sum pi* C - sum_j b_j log b_j.
+  auto pilog = at::where(pi > 0, pi * pi.log(), at::zeros_like(pi)).sum(at::IntArrayRef{-2, -1});
+  auto blogb = at::where(kb.b > 0, kb.b * m.log_b, at::zeros_like(kb.b)).sum(-1);  // [B, 1]
+  kb.kl_const = pilog + (pi * C).sum(at::IntArrayRef{-2, -1}) / eps - blogb;
+  return kb;
+}
+
+void kl_accumulate(const KlBatch& kb, const at::Tensor& coef, double eps, bool derivs, KlSums& sums) {
+  const int64_t B = kb.Psi.size(0), H = kb.Psi.size(1), P = kb.Psi.size(3);
+  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H),
+             "KL fit: coefficients ", coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
+  const bool per_head = coef.size(0) == H && H > 1;
+  auto phi = (kb.Psi * coef.unsqueeze(1)).sum(-1);    // [B, H, n]
+  auto Z = kb.M + phi.unsqueeze(-1) / eps;            // [B, H, n(i), n(j)]
+  auto L = at::logsumexp(Z, {-2});                    // [B, H, n(j)]
+  auto bj = kb.b.expand({B, H, kb.b.size(-1)});
+  // Padded columns have b_j = 0: their LSE is finite (rows exist), so 0 * L = 0.
+  auto Fe = (bj * L).sum(-1) - (kb.rstar * phi).sum(-1) / eps;  // [B, H]
+  sums.F += Fe.sum().item<double>();
+  sums.kl += (Fe + kb.kl_const).sum().item<double>();
+  sums.terms += B * H;
+  if (!derivs) return;
+  auto Pm = at::exp(Z - L.unsqueeze(-2));            // column conditionals p_ij
+  auto r = (Pm * bj.unsqueeze(-2)).sum(-1);          // [B, H, n]
+  auto grad = at::matmul(kb.Psi.transpose(-1, -2), ((r - kb.rstar) / eps).unsqueeze(-1)).squeeze(-1);  // [B,H,P]
+  auto W = at::matmul(kb.Psi.transpose(-1, -2), Pm);                                              // [B,H,P,n]
+  auto hess = at::matmul(kb.Psi.transpose(-1, -2) * r.unsqueeze(-2), kb.Psi) -
+              at::matmul(W * bj.unsqueeze(-2), W.transpose(-1, -2));                              // [B,H,P,P]
+  hess = hess / (eps * eps);
+  auto g = per_head ? grad.sum(0) : grad.sum(at::IntArrayRef{0, 1}).unsqueeze(0);
+  auto h = per_head ? hess.sum(0) : hess.sum(at::IntArrayRef{0, 1}).unsqueeze(0);
+  if (!sums.grad.defined()) {
+    sums.grad = g.clone();
+    sums.hess = h.clone();
+  } else {
+    sums.grad.add_(g);
+    sums.hess.add_(h);
+  }
+}
+
+KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, double lambda, bool derivs) {
+  KlSums s;
+  source([&](const KlBatch& b) { kl_accumulate(b, coef, eps, derivs, s); });
+  ASAP_CHECK(s.terms > 0, "KL fit: no calibration examples");
+  const double E = static_cast<double>(s.terms);
+  KlValue v;
+  v.F = s.F / E + 0.5 * lambda * coef.pow(2).sum().item<double>();
+  v.kl = s.kl / E;
+  if (derivs) {
+    v.grad = s.grad / E + lambda * coef;
+    v.hess = s.hess / E + lambda * at::eye(coef.size(1), at::kDouble).unsqueeze(0);
+  }
+  return v;
+}
+
+KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double eps, double lambda, int max_iters,
+                         double tol, const std::function<void(int)>& on_iter) {
+  KlNewtonResult r;
+  at::Tensor beta = coef0.to(at::kDouble).clone();
+  KlValue v = kl_evaluate(source, beta, eps, lambda, true);
+  ASAP_CHECK(std::isfinite(v.F), "KL fit: the objective is not finite at the LS warm start");
+  r.history.push_back({0, v.F, v.grad.norm().item<double>(), 0, 0});
+  for (int it = 1; it <= max_iters; ++it) {
+    // Newton direction per coefficient row (the Hessian is block diagonal over heads).
+    const int64_t G = beta.size(0), P = beta.size(1);
+    auto dir = at::zeros_like(beta);
+    double dec2 = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      Eigen::MatrixXd Hm(P, P);
+      Eigen::VectorXd gv(P);
+      auto hg = v.hess[g].contiguous(), gg = v.grad[g].contiguous();
+      for (int64_t a = 0; a < P; ++a) {
+        gv(a) = gg[a].item<double>();
+        for (int64_t b = 0; b < P; ++b) Hm(a, b) = hg[a][b].item<double>();
+      }
+      Eigen::VectorXd d = -Hm.ldlt().solve(gv);
+      if (!d.allFinite()) d = -Hm.completeOrthogonalDecomposition().solve(gv);
+      dec2 += -gv.dot(d);
+      for (int64_t a = 0; a < P; ++a) dir[g][a] = d(a);
+    }
+    if (dec2 / 2 < tol) {
+      r.converged = true;
+      r.history.back().newton_decrement = std::sqrt(std::max(0.0, dec2));
+      break;
+    }
+    // Armijo backtracking: F(beta + t d) <= F(beta) - 0.25 t dec^2.
+    double t = 1;
+    KlValue nv;
+    for (int ls = 0; ls < 40; ++ls) {
+      nv = kl_evaluate(source, beta + t * dir, eps, lambda, false);
+      if (std::isfinite(nv.F) && nv.F <= v.F - 0.25 * t * dec2) break;
+      t *= 0.5;
+    }
+    ASAP_CHECK(std::isfinite(nv.F), "KL fit: the objective became non-finite during the line search (iteration ", it,
+               "); try a larger --kl-ridge or --fit ls");
+    if (!(nv.F < v.F)) {  // no decrease possible at machine precision
+      r.converged = true;
+      break;
+    }
+    beta = beta + t * dir;
+    v = kl_evaluate(source, beta, eps, lambda, true);
+    r.history.push_back({it, v.F, v.grad.norm().item<double>(), std::sqrt(std::max(0.0, dec2)), t});
+    if (on_iter) on_iter(it);
+  }
+  r.coef = beta;
+  return r;
+}
+
+namespace {
+
+// Batches of a split, cached in memory within a budget, else recomputed.
+class SplitSource {
+ public:
+  SplitSource(const LayerStream& st, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& fam,
+              std::vector<int64_t> idx, int64_t batch, double cache_mb)
+      : st_(st), s_(s), theta_(theta), fam_(fam), idx_(std::move(idx)), batch_(batch), cache_mb_(cache_mb) {}
+
+  void operator()(const std::function<void(const KlBatch&)>& fn) {
+    if (cached_) {
+      for (const auto& b : cache_) fn(b);
+      return;
+    }
+    int64_t bytes = 0;
+    bool keep = true;
+    std::vector<KlBatch> fresh;
+    for (size_t i = 0; i < idx_.size(); i += static_cast<size_t>(batch_)) {
+      std::vector<int64_t> part(idx_.begin() + i, idx_.begin() + std::min(idx_.size(), i + static_cast<size_t>(batch_)));
+      auto hb = st_.read_indices(part);
+      const auto c = convention_of(s_);
+      auto t = run_teacher(hb.q, hb.k, at::Tensor(), hb.mask, s_.score_scale, s_.T, c, false);
+      auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
+                             hb.q.device());
+      auto Psi = build_features(hb.q, hb.k, m, theta_, fam_, s_.score_scale, s_.eps);
+      KlBatch kb = make_kl_batch(hb.q, hb.k, hb.mask, t.f_star, Psi, s_.score_scale, s_.eps, c.drop_padded_queries);
+      fn(kb);
+      bytes += kb.bytes();
+      keep = keep && bytes <= static_cast<int64_t>(cache_mb_ * 1048576.0);
+      if (keep) fresh.push_back(std::move(kb));
+    }
+    if (keep) {
+      cache_ = std::move(fresh);
+      cached_ = true;
+    }
+    cached_bytes_ = keep ? bytes : 0;
+  }
+  bool cached() const { return cached_; }
+  int64_t cached_bytes() const { return cached_bytes_; }
+  bool empty() const { return idx_.empty(); }
+
+ private:
+  const LayerStream& st_;
+  const LayerSpec& s_;
+  const at::Tensor& theta_;
+  FeatureFamily fam_;
+  std::vector<int64_t> idx_;
+  int64_t batch_;
+  double cache_mb_;
+  bool cached_ = false;
+  int64_t cached_bytes_ = 0;
+  std::vector<KlBatch> cache_;
+};
+
+}  // namespace
+
+KlFit fit_kl(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& family,
+             bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
+             const KlOptions& opt) {
+  std::vector<int64_t> tr, he;
+  for (int64_t e = 0; e < stream.num_examples(); ++e) (is_heldout(e) ? he : tr).push_back(e);
+  SplitSource train(stream, s, theta, family, tr, opt.batch_size, opt.cache_mb);
+  SplitSource held(stream, s, theta, family, he, opt.batch_size, opt.cache_mb);
+  KlSource train_src = [&](const std::function<void(const KlBatch&)>& fn) { train(fn); };
+  KlSource held_src = [&](const std::function<void(const KlBatch&)>& fn) { held(fn); };
+  const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
+  std::vector<double> grid = opt.ridge_grid.empty() ? std::vector<double>{1e-6, 1e-5, 1e-4, 1e-3, 1e-2} : opt.ridge_grid;
+  if (opt.ridge >= 0) grid = {opt.ridge};
+  else if (!can_select) grid = {1e-4};
+
+  json diag{{"ridge_grid", grid}, {"ridge_fixed", opt.ridge >= 0}};
+  const double ls_train_kl = kl_evaluate(train_src, coef_ls, s.eps, 0, false).kl;
+  const double ls_held_kl = can_select ? kl_evaluate(held_src, coef_ls, s.eps, 0, false).kl : -1;
+  diag["train_kl_ls"] = ls_train_kl;
+  diag["heldout_kl_ls"] = ls_held_kl;
+  json per_ridge = json::array();
+  KlNewtonResult best;
+  double best_held = std::numeric_limits<double>::infinity(), best_lambda = grid[0];
+  int passes = 0;
+  for (double lam : grid) {
+    auto res = kl_newton(train_src, coef_ls, s.eps, lam, opt.max_iters, opt.tol, [&](int it) {
+      ++passes;
+      if (opt.progress) opt.progress({s.name, "kl", it, opt.max_iters});
+    });
+    const double hk = can_select ? kl_evaluate(held_src, res.coef, s.eps, 0, false).kl : -1;
+    json hist = json::array();
+    for (const auto& h : res.history)
+      hist.push_back({{"iter", h.iter}, {"objective", h.objective}, {"grad_norm", h.grad_norm},
+                      {"newton_decrement", h.newton_decrement}, {"step", h.step}});
+    per_ridge.push_back({{"ridge", lam}, {"heldout_kl", hk}, {"iterations", res.history.size() - 1},
+                         {"converged", res.converged}, {"history", hist}});
+    const double score = can_select ? hk : 0;
+    if (score < best_held || !best.coef.defined()) {
+      best_held = score;
+      best_lambda = lam;
+      best = res;
+    }
+  }
+  diag["per_ridge"] = per_ridge;
+  diag["ridge"] = best_lambda;
+  diag["iterations"] = best.history.size() - 1;
+  diag["converged"] = best.converged;
+  diag["objective"] = best.history.back().objective;
+  diag["grad_norm"] = best.history.back().grad_norm;
+  diag["newton_decrement"] = best.history.back().newton_decrement;
+  diag["train_kl"] = kl_evaluate(train_src, best.coef, s.eps, 0, false).kl;
+  diag["heldout_kl"] = can_select ? best_held : -1.0;
+  diag["cached_mb"] = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
+  diag["cached"] = train.cached();
+  (void)per_head;
+  return {best.coef, diag};
+}
+
+}  // namespace asap

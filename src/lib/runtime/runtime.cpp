@@ -1,0 +1,83 @@
+// The compiled operator for inference code (asap-math.md section 5).
+#include "asap/runtime.h"
+
+#include <ATen/ATen.h>
+
+#include "asap/error.h"
+#include "asap/features.h"
+#include "asap/operator.h"
+
+namespace asap {
+
+Convention convention_of(const LayerSpec& s) {
+  Convention c;
+  c.eps = s.eps;
+  c.drop_padded_queries = s.mask == MaskConvention::kDropQueries;
+  c.multiply_by_n = s.multiply_by_n;
+  return c;
+}
+
+LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_mask, const RunOptions& opt) {
+  const LayerSpec& s = L.spec;
+  ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
+             "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
+  ASAP_CHECK(k.sizes() == q.sizes(), "layer '", s.name, "': k must have q's shape ", q.sizes(), ", found ",
+             k.sizes());
+  ASAP_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == s.heads && v.size(2) == q.size(2), "layer '",
+             s.name, "': v must be [", q.size(0), ", ", s.heads, ", ", q.size(2), ", dv], found ", v.sizes());
+  ASAP_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "layer '", s.name,
+             "': q, k, v must be float32 or float64, found ", q.scalar_type());
+  const int closures = opt.closures > 0 ? opt.closures : L.default_closures;
+  const Convention c = convention_of(s);
+  const int64_t B = q.size(0), n = q.size(2);
+  auto m = log_marginals(key_mask, B, n, c.drop_padded_queries, q.scalar_type(), q.device());
+  auto S = scores(q, k, s.score_scale);
+  auto Psi = build_features(q, k, m, L.theta, L.family, s.score_scale, s.eps, S);
+  LayerOutput r;
+  r.phi_hat = predict_phi(Psi, L.coef);
+  auto f_hat = dual_from_phi(r.phi_hat, cost_alpha(q, s.score_scale), m);
+  auto res = run_closures(S, f_hat, v.to(q.scalar_type()), m, c, closures, opt.return_attention);
+  r.out = res.O;
+  r.attention = res.A;
+  return r;
+}
+
+std::shared_ptr<const CompiledModel> CompiledModel::load(const std::string& path) {
+  return std::make_shared<const CompiledModel>(read_artifact(path), path);
+}
+
+CompiledModel::CompiledModel(Artifact artifact, std::string path) : art_(std::move(artifact)), path_(std::move(path)) {}
+
+std::vector<std::string> CompiledModel::layer_names() const {
+  std::vector<std::string> names;
+  for (const auto& l : art_.layers) names.push_back(l.spec.name);
+  return names;
+}
+
+const CompiledLayer& CompiledModel::layer(const std::string& name) const {
+  const CompiledLayer* l = art_.find(name);
+  if (!l) {
+    std::string have;
+    for (const auto& x : art_.layers) have += (have.empty() ? "'" : ", '") + x.spec.name + "'";
+    throw Error(str("artifact '", path_, "' has no layer '", name, "' (it has ", have, ")"));
+  }
+  return *l;
+}
+
+LayerOutput CompiledModel::attend(const std::string& name, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) const {
+  return run_layer(layer(name), q, k, v, key_mask, opt);
+}
+
+at::Tensor CompiledModel::forward(const std::string& name, const at::Tensor& x, const at::Tensor& key_mask,
+                                  const RunOptions& opt) const {
+  const CompiledLayer& L = layer(name);
+  ASAP_CHECK(L.weights.defined(), "artifact '", path_, "' layer '", name,
+             "' carries no projection weights (it was compiled from per-head q, k, v): call attend() instead");
+  auto qkv = project_qkv(L.spec, L.weights, x);
+  auto r = run_layer(L, qkv.q, qkv.k, qkv.v, key_mask, opt);
+  return merge_heads(L.spec, L.weights, r.out);
+}
+
+}  // namespace asap

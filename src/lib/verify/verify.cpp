@@ -1,0 +1,221 @@
+// The compiled operator against its teacher: metrics of section 7 and
+// latencies, for ASAP with k closures and reduced-budget Sinkhorn.
+#include "asap/verify.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "asap/calib.h"
+#include "asap/checkpoint.h"
+#include "asap/error.h"
+#include "asap/features.h"
+#include "asap/layer.h"
+#include "asap/operator.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
+#include "compile/stream.h"
+
+namespace asap {
+
+using nlohmann::json;
+
+namespace {
+
+json metrics_json(const FidelityMetrics& m) {
+  return json{{"attention_rel_error", m.attention_rel_error}, {"head_output_rmse", m.head_output_rmse},
+              {"layer_output_rmse", m.layer_output_rmse},     {"row_marginal_error", m.row_marginal_error},
+              {"col_marginal_error", m.col_marginal_error},   {"teacher_plan_kl", m.teacher_plan_kl},
+              {"dual_rmse", m.dual_rmse},                     {"terms", m.terms}};
+}
+
+// Median wall time of each fn over repeats after warm-up, timed in rounds
+// (one call of each per round).
+std::vector<double> time_round_robin(const std::vector<std::function<void()>>& fns, int warmup, int repeats) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& f : fns) f();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < std::max(1, repeats); ++r)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[i]();
+      t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
+}  // namespace
+
+json VerifyResult::to_json() const {
+  json j{{"artifact", artifact}, {"checkpoint", checkpoint}, {"data", data}, {"timed_batch", timed_batch},
+         {"layers", json::array()}};
+  for (const auto& l : layers) {
+    json ops = json::array();
+    for (const auto& o : l.operators)
+      ops.push_back({{"kind", o.kind}, {"steps", o.steps}, {"lse_passes", o.lse_passes}, {"default", o.is_default},
+                     {"teacher_ending", o.teacher_ending}, {"latency_s", o.latency_s}, {"metrics", metrics_json(o.metrics)}});
+    j["layers"].push_back({{"name", l.name},
+                           {"T", l.T},
+                           {"ending", l.T % 2 == 0 ? "column" : "row"},
+                           {"default_closures", l.default_closures},
+                           {"examples", l.examples},
+                           {"operators", ops},
+                           {"per_head_attention_error", l.per_head_attention_error},
+                           {"dual_scatter", {{"predicted", l.dual_pred}, {"teacher", l.dual_teacher}}},
+                           {"fit_time_s", l.fit_time_s},
+                           {"break_even_calls", l.break_even_calls},
+                           {"fit", l.fit}});
+  }
+  return j;
+}
+
+void check_artifact_matches(const Artifact& art, const std::string& path, const Checkpoint& ck, bool force) {
+  if (art.teacher_sha256 != ck.sha256 && !force)
+    throw Error(str("artifact '", path, "' was compiled from a checkpoint with SHA-256 ", art.teacher_sha256.substr(0, 16),
+                    "... ('", art.teacher_file, "') but '", ck.path, "' has ", ck.sha256.substr(0, 16),
+                    "...: pass the matching checkpoint, or --force to compare anyway"));
+  for (const auto& l : art.layers) {
+    const auto& s = l.spec;
+    TeacherSpec one;
+    one.layers.push_back(s);
+    // Same tensors, same shapes: validate_spec names the field that differs.
+    validate_spec(one, ck, str("artifact '", path, "'"));
+  }
+}
+
+VerifyResult verify(const Artifact& art, const std::string& artifact_path, const Checkpoint& ck, const CalibFile& data,
+                    const VerifyOptions& opt) {
+  VerifyResult res;
+  res.artifact = artifact_path;
+  res.checkpoint = ck.path;
+  res.data = data.path();
+  std::vector<const CompiledLayer*> layers;
+  if (opt.layers.empty()) {
+    for (const auto& l : art.layers) layers.push_back(&l);
+  } else {
+    for (const auto& n : opt.layers) {
+      const CompiledLayer* l = art.find(n);
+      ASAP_CHECK(l, "artifact '", artifact_path, "' has no layer '", n, "'");
+      layers.push_back(l);
+    }
+  }
+  for (const CompiledLayer* L : layers) {
+    const LayerSpec& s = L->spec;
+    const Convention conv = convention_of(s);
+    LayerWeights w = s.layout == ProjLayout::kNone ? LayerWeights() : load_layer_weights(s, ck);
+    LayerStream stream(data, s, w, opt.float64, 0);
+    std::vector<int64_t> idx;
+    for (int64_t e = 0; e < stream.num_examples(); ++e)
+      if (!opt.example_filter || opt.example_filter(e)) {
+        idx.push_back(e);
+        if (opt.max_examples > 0 && static_cast<int64_t>(idx.size()) >= opt.max_examples) break;
+      }
+    ASAP_CHECK(!idx.empty(), "data file '", data.path(), "': layer '", s.name, "' has no examples to verify on");
+
+    LayerVerification lv;
+    lv.name = s.name;
+    lv.T = s.T;
+    lv.default_closures = L->default_closures;
+    lv.examples = static_cast<int64_t>(idx.size());
+    if (!L->fit_json.empty()) {
+      lv.fit = json::parse(L->fit_json);
+      lv.fit_time_s = lv.fit.value("fit_time_s", -1.0);
+    }
+    const int K = std::max(opt.max_closures, L->default_closures);
+    const int Tmax = opt.reduced_budgets ? s.T - 1 : 0;
+    MetricsAccumulator teacher_acc;
+    std::vector<MetricsAccumulator> asap_acc(K), sink_acc(std::max(0, Tmax));
+    std::vector<double> head_num(s.heads, 0.0);
+    double head_terms = 0;
+    const bool has_out = w.defined();
+    HeadBatch timed;
+    for (size_t i = 0; i < idx.size(); i += static_cast<size_t>(opt.batch_size)) {
+      std::vector<int64_t> part(idx.begin() + i, idx.begin() + std::min(idx.size(), i + static_cast<size_t>(opt.batch_size)));
+      auto b = stream.read_indices(part);
+      if (!timed.q.defined()) timed = b;
+      const int64_t B = b.q.size(0), n = b.q.size(2);
+      auto m = log_marginals(b.mask, B, n, conv.drop_padded_queries, b.q.scalar_type(), b.q.device());
+      auto t = run_teacher(b.q, b.k, b.v, b.mask, s.score_scale, s.T, conv, true);
+      at::Tensor Y = has_out ? merge_heads(s, w, t.O) : at::Tensor();
+      auto add = [&](MetricsAccumulator& acc, const at::Tensor& A, const at::Tensor& O) {
+        acc.add_attention(A, t.A, m, conv.multiply_by_n);
+        acc.add_head_outputs(O, t.O);
+        if (has_out) acc.add_layer_outputs(merge_heads(s, w, O), Y);
+      };
+      add(teacher_acc, t.A, t.O);
+      // ASAP with k = 1..K closures from the predicted dual.
+      auto S = scores(b.q, b.k, s.score_scale);
+      auto Psi = build_features(b.q, b.k, m, L->theta, L->family, s.score_scale, s.eps, S);
+      auto phi = predict_phi(Psi, L->coef);
+      auto f_hat = dual_from_phi(phi, cost_alpha(b.q, s.score_scale), m);
+      for_each_closure(S, f_hat, m, s.eps, K, [&](int k, const at::Tensor& f, const at::Tensor& g) {
+        auto A = plan_attention(S, f, g, conv);
+        add(asap_acc[k - 1], A, at::matmul(A, b.v));
+        asap_acc[k - 1].add_dual(phi, t.phi_bar_star, m);
+        if (k == L->default_closures) {
+          auto A64 = A.to(at::kDouble), T64 = t.A.to(at::kDouble);
+          auto rel = ((A64 - T64).pow(2).sum(at::IntArrayRef{-2, -1}).sqrt() /
+                      T64.pow(2).sum(at::IntArrayRef{-2, -1}).sqrt()).sum(0);  // [H]
+          for (int64_t h = 0; h < s.heads; ++h) head_num[h] += rel[h].item<double>();
+          head_terms += static_cast<double>(B);
+        }
+      });
+      // Scatter sample of predicted vs teacher duals.
+      if (static_cast<int64_t>(lv.dual_pred.size()) < opt.scatter_points) {
+        auto rows = m.row_active.expand_as(phi).reshape(-1);
+        auto p = phi.reshape(-1).index({rows}).to(at::kDouble).contiguous();
+        auto q = t.phi_bar_star.reshape(-1).index({rows}).to(at::kDouble).contiguous();
+        for (int64_t r = 0; r < p.numel() && static_cast<int64_t>(lv.dual_pred.size()) < opt.scatter_points; ++r) {
+          lv.dual_pred.push_back(p.data_ptr<double>()[r]);
+          lv.dual_teacher.push_back(q.data_ptr<double>()[r]);
+        }
+      }
+      // Sinkhorn with reduced budgets T' = 1..T-1 on the same projections.
+      for (int Tp = 1; Tp <= Tmax; ++Tp) {
+        auto r = run_teacher(b.q, b.k, b.v, b.mask, s.score_scale, Tp, conv, true);
+        add(sink_acc[Tp - 1], r.A, r.O);
+      }
+      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(idx.size())});
+    }
+    // Latencies on the first batch, from per-head q, k, v to head outputs.
+    // Operators are timed round-robin so that load drift hits all alike.
+    const auto& tb = timed;
+    res.timed_batch = tb.q.size(0);
+    std::vector<std::function<void()>> fns;
+    lv.operators.push_back({"teacher", s.T, s.T, false, true, teacher_acc.result(), -1});
+    fns.push_back([&] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, s.T, conv, false); });
+    for (int k = 1; k <= K; ++k) {
+      lv.operators.push_back({"asap", k, lse_passes(L->family, k), k == L->default_closures,
+                              (k % 2 == 1) == (s.T % 2 == 0), asap_acc[k - 1].result(), -1});
+      fns.push_back([&, k] {
+        RunOptions ro;
+        ro.closures = k;
+        run_layer(*L, tb.q, tb.k, tb.v, tb.mask, ro);
+      });
+    }
+    for (int Tp = 1; Tp <= Tmax; ++Tp) {
+      lv.operators.push_back({"sinkhorn", Tp, Tp, false, (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
+      fns.push_back([&, Tp] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, Tp, conv, false); });
+    }
+    if (opt.time) {
+      const auto lat = time_round_robin(fns, opt.warmup, opt.repeats);
+      for (size_t i = 0; i < fns.size(); ++i) lv.operators[i].latency_s = lat[i];
+    }
+    const OperatorResult& teacher = lv.operators[0];
+    for (int64_t h = 0; h < s.heads; ++h) lv.per_head_attention_error.push_back(head_terms > 0 ? head_num[h] / head_terms : 0);
+    const OperatorResult& def = lv.operators[L->default_closures];
+    if (opt.time && lv.fit_time_s > 0 && teacher.latency_s > def.latency_s)
+      lv.break_even_calls = lv.fit_time_s / (teacher.latency_s - def.latency_s);
+    res.layers.push_back(std::move(lv));
+  }
+  return res;
+}
+
+}  // namespace asap
