@@ -1,0 +1,94 @@
+// verify: every metric for every layer, the digest check, and gating.
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "asap/artifact.h"
+#include "asap/calib.h"
+#include "asap/checkpoint.h"
+#include "asap/compile.h"
+#include "asap/error.h"
+#include "asap/verify.h"
+#include "compile_fixture.h"
+
+using namespace asap_test;
+
+namespace {
+struct Compiled {
+  TempDir dir;
+  Compiled() {
+    write_vit_calib(dir / "calib.h5", 40, 11);
+    write_vit_calib(dir / "heldout.h5", 12, 12);
+    asap::write_spec(dir / "spec.json", vit_spec(6));
+    asap::CompileOptions o;
+    o.slice_bank = 8;
+    auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+    asap::write_artifact(dir / "a.h5", r.artifact);
+  }
+};
+}  // namespace
+
+TEST_CASE("verify: JSON has every metric for every layer and operator") {
+  Compiled c;
+  auto art = asap::read_artifact(c.dir / "a.h5");
+  auto ck = asap::load_checkpoint(vit_checkpoint());
+  asap::CalibFile data(c.dir / "heldout.h5");
+  asap::VerifyOptions o;
+  o.repeats = 1;
+  auto j = asap::verify(art, c.dir / "a.h5", ck, data, o).to_json();
+  REQUIRE(j["layers"].size() == 2);
+  for (const auto& l : j["layers"]) {
+    CHECK(l["examples"].get<int64_t>() == 12);
+    // teacher + ASAP k = 1..5 + Sinkhorn T' = 1..5
+    REQUIRE(l["operators"].size() == 11);
+    int defaults = 0;
+    for (const auto& op : l["operators"]) {
+      for (const char* key : {"attention_rel_error", "head_output_rmse", "layer_output_rmse", "row_marginal_error",
+                              "col_marginal_error", "teacher_plan_kl"}) {
+        CAPTURE(key);
+        REQUIRE(op["metrics"].contains(key));
+        CHECK(std::isfinite(op["metrics"][key].get<double>()));
+        CHECK(op["metrics"][key].get<double>() >= 0);
+      }
+      CHECK(op["latency_s"].get<double>() > 0);
+      if (op["kind"] == "asap") CHECK(op["metrics"]["dual_rmse"].get<double>() >= 0);
+      defaults += op["default"].get<bool>();
+    }
+    CHECK(defaults == 1);
+    const auto& teacher = l["operators"][0];
+    CHECK(teacher["kind"] == "teacher");
+    CHECK(teacher["metrics"]["attention_rel_error"].get<double>() == 0.0);
+    // A column-ending teacher's own columns are exact.
+    CHECK(teacher["metrics"]["col_marginal_error"].get<double>() < 1e-5);
+    CHECK(l["per_head_attention_error"].size() == 2);
+    CHECK(l["dual_scatter"]["predicted"].size() == l["dual_scatter"]["teacher"].size());
+  }
+}
+
+TEST_CASE("verify: artifacts of another checkpoint are refused; --force overrides only the digest") {
+  Compiled c;
+  auto art = asap::read_artifact(c.dir / "a.h5");
+  auto same_weights = asap::load_checkpoint(asap_test::data_path("fixtures/vit_state_dict.pt"));
+  CHECK_THROWS_WITH_AS(asap::check_artifact_matches(art, "a.h5", same_weights, false),
+                       doctest::Contains("was compiled from a checkpoint with SHA-256"), asap::Error);
+  CHECK_NOTHROW(asap::check_artifact_matches(art, "a.h5", same_weights, true));
+  auto text = asap::load_checkpoint(asap_test::data_path("fixtures/text_state_dict.pt"));
+  CHECK_THROWS_WITH_AS(asap::check_artifact_matches(art, "a.h5", text, true), doctest::Contains("does not contain"),
+                       asap::Error);
+}
+
+TEST_CASE("verify: the CLI writes the report and exits 1 when a threshold is exceeded") {
+  Compiled c;
+  const std::string base = std::string(ASAPC_EXE) + " verify " + vit_checkpoint() + " --artifact " + c.dir / "a.h5" +
+                           " --data " + c.dir / "heldout.h5" + " --repeats 1 -q --report " + c.dir / "r.html" +
+                           " --json-out " + c.dir / "r.json";
+  std::string out;
+  CHECK(run_cmd(base, &out) == 0);
+  CHECK(out.find("ASAP k=") != std::string::npos);
+  CHECK(std::filesystem::exists(c.dir / "r.html"));
+  CHECK(std::filesystem::exists(c.dir / "r.json"));
+  CHECK(run_cmd(base + " --max-attention-error 1e-9", &out) == 1);
+  CHECK(out.find("exceeds --max-attention-error") != std::string::npos);
+  CHECK(run_cmd(base + " --max-attention-error 10", &out) == 0);
+}
