@@ -92,3 +92,42 @@ TEST_CASE("verify: the CLI writes the report and exits 1 when a threshold is exc
   CHECK(out.find("exceeds --max-attention-error") != std::string::npos);
   CHECK(run_cmd(base + " --max-attention-error 10", &out) == 0);
 }
+
+TEST_CASE("verify: compile's report equals asapc verify on the same held-out examples") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 50, 21);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  const std::string exe = ASAPC_EXE;
+  std::string out;
+  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " + dir / "calib.h5" +
+                      " -o " + dir / "m.asap.h5" + " --slices 8 -q",
+                  &out) == 0);
+  CHECK(out.find("report: " + dir / "m.report.html") != std::string::npos);
+  CHECK(out.find("ASAP-0") != std::string::npos);
+  REQUIRE(run_cmd(exe + " verify " + vit_checkpoint() + " --artifact " + dir / "m.asap.h5" + " --data " + dir / "calib.h5" +
+                      " --split heldout -q --json-out " + dir / "v.json" + " --report " + dir / "v.html",
+                  &out) == 0);
+  auto rep = nlohmann::json::parse(std::ifstream(dir / "m.report.json"));
+  auto ver = nlohmann::json::parse(std::ifstream(dir / "v.json"));
+  REQUIRE(rep["layers"].size() == 2);
+  REQUIRE(ver["layers"].size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto &a = rep["layers"][i], &b = ver["layers"][i];
+    CHECK(a["examples"] == b["examples"]);
+    CHECK(a["examples"].get<int64_t>() < 50);  // only the held-out split
+    REQUIRE(a["operators"].size() == b["operators"].size());
+    for (size_t k = 0; k < a["operators"].size(); ++k)
+      for (const auto& m : a["operators"][k]["metrics"].items()) {
+        CAPTURE(m.key());
+        CHECK(m.value().get<double>() == doctest::Approx(b["operators"][k]["metrics"][m.key()].get<double>()).epsilon(1e-12));
+      }
+  }
+  // A split too small to say anything is reported as such.
+  write_vit_calib(dir / "tiny.h5", 10, 22);
+  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " + dir / "tiny.h5" +
+                      " -o " + dir / "t.asap.h5" + " --slices 8 -q",
+                  &out) == 0);
+  CHECK(out.find("too few to measure fidelity") != std::string::npos);
+  auto tiny = nlohmann::json::parse(std::ifstream(dir / "t.report.json"));
+  CHECK(tiny["too_small"].get<bool>());
+}

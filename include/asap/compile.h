@@ -68,6 +68,11 @@ struct CompileResult {
 CompileResult compile_teacher(const std::string& checkpoint_path, const std::string& spec_path,
                               const std::string& calib_path, const CompileOptions& opt);
 
+// Whether calibration example `example` belongs to the held-out split of a
+// compile with this seed and held-out fraction (the split compile used; its
+// seed and fraction are recorded in each layer's fit record).
+bool in_heldout_split(uint64_t seed, double heldout_fraction, int64_t example);
+
 // Budget of LSE passes of a candidate: closures + 1 if it uses the softmax feature.
 int lse_passes(const FeatureFamily& f, int closures);
 

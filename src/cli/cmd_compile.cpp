@@ -1,6 +1,7 @@
 // asapc compile: checkpoint + teacher spec + calibration file -> artifact.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "asap/compile.h"
 #include "asap/error.h"
 #include "commands.h"
+#include "compile_report.h"
 #include "common.h"
 
 namespace asapc {
@@ -20,8 +22,9 @@ struct CompileArgs {
   asap::CompileOptions opt;
   std::vector<std::string> features;
   std::string heads = "auto";
+  std::string report, report_json;
   int threads = 0;
-  bool quiet = false, json = false;
+  bool quiet = false, json = false, no_report = false;
 };
 
 std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& features, const std::string& heads) {
@@ -107,6 +110,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--seed", o.seed, "seed of the slice bank and the split")->capture_default_str();
   c->add_option("--max-examples", o.max_examples, "use only the first N calibration examples");
   c->add_flag("--float64", o.float64, "run teacher and features in float64 (default: float32)");
+  c->add_option("--report", a->report, "HTML fidelity report on the held-out split (default: OUTPUT stem + .report.html)");
+  c->add_option("--report-json", a->report_json, "its JSON (default: OUTPUT stem + .report.json)");
+  c->add_flag("--no-report", a->no_report, "skip the fidelity report");
   c->add_option("--threads", a->threads, "threads (default: all cores)");
   c->add_flag("-q,--quiet", a->quiet, "no progress bar, no warnings");
   c->add_flag("--json", a->json, "print the compile summary as JSON on stdout");
@@ -127,10 +133,31 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       bar.finish();
       asap::write_artifact(a->out, res.artifact);
       res.summary["artifact"] = a->out;
-      if (a->json)
+      nlohmann::json report;
+      std::string html, js;
+      if (!a->no_report) {
+        std::string stem = a->out;
+        for (const char* ext : {".asap.h5", ".h5"})
+          if (stem.size() > std::strlen(ext) && stem.compare(stem.size() - std::strlen(ext), std::string::npos, ext) == 0) {
+            stem.resize(stem.size() - std::strlen(ext));
+            break;
+          }
+        html = a->report.empty() ? stem + ".report.html" : a->report;
+        js = a->report_json.empty() ? stem + ".report.json" : a->report_json;
+        report = write_compile_report(res.artifact, a->out, a->checkpoint, a->calib, a->opt, html, js, std::cerr,
+                                      a->opt.progress);
+        bar.finish();
+        res.summary["report"] = {{"html", html}, {"json", js}};
+      }
+      if (a->json) {
         std::cout << res.summary.dump(2) << "\n";
-      else
+      } else {
         print_summary(res.summary, a->out);
+        if (!a->no_report) {
+          std::cout << "report: " << html << " (held-out split of the calibration file)\n";
+          print_report_lines(report, std::cout);
+        }
+      }
       return 0;
     };
   });

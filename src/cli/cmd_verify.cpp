@@ -8,6 +8,7 @@
 #include "asap/artifact.h"
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
+#include "asap/compile.h"
 #include "asap/error.h"
 #include "asap/report.h"
 #include "asap/verify.h"
@@ -23,10 +24,25 @@ struct VerifyArgs {
   std::string checkpoint, artifact, data, report, json_out;
   std::vector<std::string> compare;
   asap::VerifyOptions opt;
+  std::string split = "all";
   bool force = false, quiet = false, json = false, no_timing = false;
   int threads = 0;
   double max_attention_error = -1, max_output_rmse = -1, max_col_marginal_error = -1, max_kl = -1;
 };
+
+// The examples of compile's split, from the seed and fraction the artifact records.
+std::function<bool(int64_t)> split_filter(const asap::Artifact& art, const std::string& path, const std::string& split) {
+  ASAP_CHECK(split == "all" || split == "heldout" || split == "train", "--split must be all, heldout or train, found '",
+             split, "'");
+  if (split == "all") return {};
+  ASAP_CHECK(!art.layers.empty() && !art.layers[0].fit_json.empty(), "artifact '", path,
+             "' records no compile options, so its ", split, " split is unknown; use --split all");
+  const auto opts = nlohmann::json::parse(art.layers[0].fit_json).at("options");
+  const uint64_t seed = opts.at("seed").get<uint64_t>();
+  const double frac = opts.at("heldout_fraction").get<double>();
+  const bool want = split == "heldout";
+  return [seed, frac, want](int64_t e) { return asap::in_heldout_split(seed, frac, e) == want; };
+}
 
 }  // namespace
 
@@ -39,6 +55,9 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   c->add_option("--compare", a->compare, "further artifacts of the same teacher to show side by side (e.g. --fit kl)");
   c->add_option("--report", a->report, "write the HTML report here (default: ARTIFACT.verify.html)");
   c->add_option("--json-out", a->json_out, "write the JSON here (default: ARTIFACT.verify.json)");
+  c->add_option("--split", a->split,
+                "which examples of --data: all, or heldout / train = the split compile used on this file")
+      ->capture_default_str();
   c->add_option("--layers", a->opt.layers, "verify only these layers");
   c->add_option("--max-closures", a->opt.max_closures, "ASAP evaluated with k = 1..N closures")->capture_default_str();
   c->add_option("--batch-size", a->opt.batch_size, "examples per batch (also the timed batch)")->capture_default_str();
@@ -70,6 +89,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
       for (const auto& p : paths) {
         auto art = asap::read_artifact(p);
         asap::check_artifact_matches(art, p, ck, a->force);
+        a->opt.example_filter = split_filter(art, p, a->split);
         auto res = asap::verify(art, p, ck, data, a->opt);
         auto j = res.to_json();
         j["fit"] = art.layers.empty() || art.layers[0].fit_json.empty()

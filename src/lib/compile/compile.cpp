@@ -53,14 +53,17 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
 
 std::string candidate_name(const Candidate& c) { return c.features + (c.per_head ? "/per-head" : "/pooled"); }
 
-// Deterministic train / held-out split of example indices.
-bool is_heldout(uint64_t seed, int64_t example, double fraction) {
+}  // namespace
+
+bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(example) + 0x632BE59BD9B4E019ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0) < fraction;
 }
+
+namespace {
 
 uint64_t name_hash(const std::string& s) {  // FNV-1a: a per-layer seed offset
   uint64_t h = 1469598103934665603ull;
@@ -184,7 +187,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                              b.q.scalar_type(), b.q.device());
       auto Psi = build_features(b.q, b.k, m, theta, widest, s.score_scale, s.eps);
       std::vector<int64_t> tr, he;
-      for (int64_t e = 0; e < count; ++e) (is_heldout(opt.seed, start + e, opt.heldout_fraction) ? he : tr).push_back(e);
+      for (int64_t e = 0; e < count; ++e) (in_heldout_split(opt.seed, opt.heldout_fraction, start + e) ? he : tr).push_back(e);
       auto add = [&](LsStats& st, const std::vector<int64_t>& idx) {
         if (idx.empty()) return;
         auto ix = at::tensor(idx, at::kLong);
@@ -323,7 +326,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       ko.batch_size = opt.batch_size;
       ko.min_heldout = opt.min_heldout;
       ko.progress = opt.progress;
-      auto is_held = [&](int64_t e) { return is_heldout(opt.seed, e, opt.heldout_fraction); };
+      auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
       auto kl = fit_kl(stream, s, theta, chosen.family, chosen.cand.per_head, chosen.coef, is_held, ko);
       cl.coef = kl.coef;
       kl_diag = kl.diagnostics;

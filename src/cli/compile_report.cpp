@@ -1,0 +1,90 @@
+#include "compile_report.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "asap/calib.h"
+#include "asap/checkpoint.h"
+#include "asap/error.h"
+#include "asap/report.h"
+#include "asap/verify.h"
+
+namespace asapc {
+
+nlohmann::json write_compile_report(const asap::Artifact& art, const std::string& artifact_path,
+                                    const std::string& checkpoint, const std::string& calib_path,
+                                    const asap::CompileOptions& opt, const std::string& html_path,
+                                    const std::string& json_path, std::ostream& os,
+                                    const std::function<void(const asap::ProgressEvent&)>& progress) {
+  const std::string note = "Held-out split of " + calib_path + ": the calibration examples not used for the fit.";
+  asap::CalibFile calib(calib_path);
+  // How many held-out examples the split has (the smallest over layers).
+  int64_t held = -1;
+  for (const auto& l : art.layers) {
+    const int64_t N = calib.info(l.spec.name).N;
+    const int64_t cap = opt.max_examples > 0 ? std::min(N, opt.max_examples) : N;
+    int64_t h = 0;
+    for (int64_t e = 0; e < cap; ++e) h += asap::in_heldout_split(opt.seed, opt.heldout_fraction, e);
+    held = held < 0 ? h : std::min(held, h);
+  }
+  nlohmann::json j;
+  if (held < opt.min_heldout) {
+    j = {{"artifact", artifact_path}, {"checkpoint", checkpoint}, {"data", calib_path}, {"layers", nlohmann::json::array()},
+         {"too_small", true},
+         {"message", asap::str("The held-out split has only ", held, " example(s) (fewer than ", opt.min_heldout,
+                               "), too few to measure fidelity; verify on a separate held-out file instead.")}};
+  } else {
+    auto ck = asap::load_checkpoint(checkpoint);
+    asap::VerifyOptions vo;
+    vo.batch_size = opt.batch_size;
+    vo.float64 = opt.float64;
+    vo.max_examples = 0;
+    vo.example_filter = [&opt](int64_t e) {
+      return (opt.max_examples <= 0 || e < opt.max_examples) && asap::in_heldout_split(opt.seed, opt.heldout_fraction, e);
+    };
+    vo.progress = progress;
+    j = asap::verify(art, artifact_path, ck, calib, vo).to_json();
+  }
+  j["source"] = "compile";
+  j["fit"] = opt.fit;
+  asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
+  return j;
+}
+
+void print_report_lines(const nlohmann::json& r, std::ostream& os) {
+  if (r.value("too_small", false)) {
+    os << "report: " << r["message"].get<std::string>() << "\n";
+    return;
+  }
+  for (const auto& l : r["layers"]) {
+    const nlohmann::json *def = nullptr, *asap0 = nullptr, *teacher = nullptr, *near = nullptr;
+    for (const auto& o : l["operators"]) {
+      if (o["default"].get<bool>()) def = &o;
+      if (o["kind"] == "asap" && o["steps"] == 1) asap0 = &o;
+      if (o["kind"] == "teacher") teacher = &o;
+    }
+    if (!def || !asap0 || !teacher) continue;
+    const double t_def = (*def)["latency_s"];
+    for (const auto& o : l["operators"])
+      if (o["kind"] == "sinkhorn" &&
+          (!near || std::abs(o["latency_s"].get<double>() - t_def) < std::abs((*near)["latency_s"].get<double>() - t_def)))
+        near = &o;
+    char line[512];
+    auto err = [](const nlohmann::json* o) { return (*o)["metrics"]["attention_rel_error"].get<double>(); };
+    std::snprintf(line, sizeof line, "  %s: ASAP k=%d attn err %.4f | ASAP-0 %.4f", l["name"].get<std::string>().c_str(),
+                  (*def)["steps"].get<int>(), err(def), err(asap0));
+    os << line;
+    if (near) {
+      std::snprintf(line, sizeof line, " | Sinkhorn T'=%d (nearest latency) %.4f", (*near)["steps"].get<int>(), err(near));
+      os << line;
+    }
+    const double t_teacher = (*teacher)["latency_s"];
+    if (t_def > 0 && t_teacher > 0) {
+      std::snprintf(line, sizeof line, " | %.2fx the teacher's speed", t_teacher / t_def);
+      os << line;
+    }
+    os << "\n";
+  }
+}
+
+}  // namespace asapc
