@@ -201,7 +201,7 @@ TEST_CASE("artifact: round trip preserves every field and tensor") {
   CHECK(tmp.entries() == std::vector<std::string>{"a.h5"});
 
   asap::Artifact back = asap::read_artifact(path);
-  CHECK(back.format_version == asap::kArtifactVersion);
+  CHECK(back.format_version == 1);  // nothing in it needs version 2
   CHECK(back.asapc_version == art.asapc_version);
   CHECK(back.teacher_sha256 == art.teacher_sha256);
   CHECK(back.teacher_file == art.teacher_file);
@@ -297,7 +297,7 @@ TEST_CASE("artifact: corrupt - future version") {
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 7, where_of(path)); });
-  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 1");
+  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 2");
 }
 
 TEST_CASE("artifact: corrupt - missing coef dataset") {
@@ -416,7 +416,7 @@ TEST_CASE("artifact: corrupt - unknown feature group is refused") {
   });
   CHECK(read_error(path) == "artifact '" + path +
                                 "': layer 'blocks.0.attn' (/layers/0000): attribute 'features' names unknown feature "
-                                "group 'cosine' (known: sliced_potential, alpha, softmax_dual)");
+                                "group 'cosine' (known: sliced_potential, alpha, softmax_dual, sinkhorn_dual3)");
 }
 
 TEST_CASE("artifact: corrupt - non-finite theta and wrong weight shapes") {
@@ -510,4 +510,22 @@ TEST_CASE("artifact: missing and non-HDF5 files") {
   CHECK(read_error(tmp.file("none.h5")) == "artifact '" + tmp.file("none.h5") + "': no such file");
   { std::ofstream(tmp.file("x.h5")) << "{\"not\": \"hdf5\"}"; }
   CHECK(read_error(tmp.file("x.h5")) == "artifact '" + tmp.file("x.h5") + "': not an HDF5 file (no HDF5 signature found)");
+}
+
+TEST_CASE("artifact: the sinkhorn_dual3 group round trips as format version 2 and is refused in version 1") {
+  TempDir tmp;
+  const std::string path = tmp.file("a.h5");
+  asap::Artifact art = sample_artifact();
+  auto& L = art.layers[0];
+  L.family.sinkhorn_dual3 = true;
+  L.family.softmax_dual = true;
+  L.coef = at::randn({L.coef.size(0), L.family.num_columns()}, at::kDouble);
+  asap::write_artifact(path, art);
+  auto back = asap::read_artifact(path);
+  CHECK(back.format_version == 2);
+  CHECK(back.layers[0].family == L.family);
+  CHECK(back.layers[0].family.name().find("sinkhorn3") != std::string::npos);
+  edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 1, where_of(path)); });
+  CHECK(read_error(path).find("feature group 'sinkhorn_dual3' needs format_version 2, but the file says 1") !=
+        std::string::npos);
 }

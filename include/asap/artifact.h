@@ -21,20 +21,30 @@ namespace asap {
 constexpr const char* kArtifactFormat = "asapc-artifact";
 // Format history:
 //   1 -- first version.
-constexpr int kArtifactVersion = 1;
+//   2 -- feature group "sinkhorn_dual3" (the teacher's dual after 3 steps).
+//        Files without it are written as version 1, so older readers still
+//        read them; version-1 files read unchanged.
+constexpr int kArtifactVersion = 2;
 constexpr int kArtifactOldestReadable = 1;
 
 // Which columns the feature matrix Psi holds, in this fixed order:
-//   [ slice potentials 0..slices-1 | alpha | softmax_dual ].
+//   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 ].
 // Every column is centered over the mass-carrying query rows.
 struct FeatureFamily {
-  int64_t slices = 0;         // sliced Kantorovich potentials (asap-math.md section 4)
-  bool alpha = false;         // centered query cost offset (s/2)||q_i||^2 (section 6b)
-  bool softmax_dual = false;  // centered softmax dual row(0) + alpha (section 6b)
-  int64_t num_columns() const { return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0); }
-  std::string name() const;   // e.g. "L64+alpha+softmax"
+  int64_t slices = 0;          // sliced Kantorovich potentials (asap-math.md section 4)
+  bool alpha = false;          // centered query cost offset (s/2)||q_i||^2 (section 6b)
+  bool softmax_dual = false;   // centered softmax dual f1 = row(0) + alpha (section 6b): 1 pass
+  bool sinkhorn_dual3 = false; // centered teacher dual after 3 steps, f3 = row(col(row(0))) + alpha:
+                               // 3 passes (f1 comes free on the way); format version 2
+  int64_t num_columns() const {
+    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0);
+  }
+  // Log-sum-exp passes the features cost before any closure.
+  int feature_passes() const { return sinkhorn_dual3 ? 3 : softmax_dual ? 1 : 0; }
+  std::string name() const;    // e.g. "L64+alpha+softmax+sinkhorn3"
   bool operator==(const FeatureFamily& o) const {
-    return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual;
+    return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual &&
+           sinkhorn_dual3 == o.sinkhorn_dual3;
   }
 };
 

@@ -31,13 +31,14 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   ASAP_CHECK(heads == "auto" || heads == "pooled" || heads == "per-head",
              "--heads-mode must be auto, pooled or per-head, found '", heads, "'");
   std::vector<std::string> fs = features;
-  if (fs.empty()) fs = {"slices", "slices+alpha", "slices+alpha+softmax"};
+  if (fs.empty()) fs = {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"};
   std::vector<asap::Candidate> out;
   for (auto f : fs) {
     if (f == "paper") f = "slices";
-    if (f == "all") f = "slices+alpha+softmax";
-    ASAP_CHECK(f == "slices" || f == "slices+alpha" || f == "slices+alpha+softmax",
-               "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax (alias all); found '", f, "'");
+    if (f == "all") f = "slices+alpha+softmax+sinkhorn3";
+    ASAP_CHECK(f == "slices" || f == "slices+alpha" || f == "slices+alpha+softmax" || f == "slices+alpha+softmax+sinkhorn3",
+               "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
+               "slices+alpha+softmax+sinkhorn3 (alias all); found '", f, "'");
     if (heads != "per-head") out.push_back({f, false});
     if (heads != "pooled") out.push_back({f, true});
   }
@@ -48,7 +49,7 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
   std::cout << "compiled " << sum["layers"].size() << " layer(s) in " << human_seconds(sum["total_time_s"].get<double>())
             << " -> " << out << "\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-30s %6s %7s %-22s %3s %8s %10s %10s %8s\n", "layer", "rows", "heldout",
+  std::snprintf(line, sizeof line, "%-30s %6s %7s %-34s %3s %8s %10s %10s %8s\n", "layer", "rows", "heldout",
                 "operator", "k", "ridge", "dual RMSE", "attn err", "fit");
   std::cout << line;
   for (const auto& l : sum["layers"]) {
@@ -57,7 +58,7 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
     std::string name = l["layer"].get<std::string>();
     if (name.size() > 30) name = "..." + name.substr(name.size() - 27);
     const double rmse = c["heldout_dual_rmse"].get<double>(), err = c["heldout_attention_error"].get<double>();
-    std::snprintf(line, sizeof line, "%-30s %6lld %7lld %-22s %3d %8.0e %10s %10s %8s\n", name.c_str(),
+    std::snprintf(line, sizeof line, "%-30s %6lld %7lld %-34s %3d %8.0e %10s %10s %8s\n", name.c_str(),
                   static_cast<long long>(l["rows_used"].get<int64_t>()),
                   static_cast<long long>(l["heldout_examples"].get<int64_t>()), op.c_str(), c["closures"].get<int>(),
                   c["ridge"].get<double>(), rmse >= 0 ? std::to_string(rmse).substr(0, 7).c_str() : "-",

@@ -27,7 +27,7 @@ namespace asap {
 
 using nlohmann::json;
 
-int lse_passes(const FeatureFamily& f, int closures) { return closures + (f.softmax_dual ? 1 : 0); }
+int lse_passes(const FeatureFamily& f, int closures) { return closures + f.feature_passes(); }
 
 namespace {
 
@@ -48,7 +48,12 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
     f.alpha = f.softmax_dual = true;
     return f;
   }
-  throw Error(str("unknown feature set '", features, "': expected slices, slices+alpha or slices+alpha+softmax"));
+  if (features == "slices+alpha+softmax+sinkhorn3") {
+    f.alpha = f.softmax_dual = f.sinkhorn_dual3 = true;
+    return f;
+  }
+  throw Error(str("unknown feature set '", features,
+                  "': expected slices, slices+alpha, slices+alpha+softmax or slices+alpha+softmax+sinkhorn3"));
 }
 
 std::string candidate_name(const Candidate& c) { return c.features + (c.per_head ? "/per-head" : "/pooled"); }
@@ -138,7 +143,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     ASAP_CHECK(L >= 1 && L <= opt.slice_bank, "slice count ", L, " outside 1..", opt.slice_bank);
   std::vector<Candidate> candidates = opt.candidates;
   if (candidates.empty())
-    for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax"})
+    for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
       for (bool ph : {false, true}) candidates.push_back({f, ph});
   const std::vector<double> grid = opt.ridge_grid.empty() ? default_ridge_grid() : opt.ridge_grid;
 
@@ -169,6 +174,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       auto f = family_of(c.features, opt.slice_bank);
       widest.alpha |= f.alpha;
       widest.softmax_dual |= f.softmax_dual;
+      widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
     }
     const at::Tensor theta = make_slice_bank(s.head_dim, opt.slice_bank, opt.seed ^ name_hash(s.name));
 

@@ -35,6 +35,7 @@ std::string FeatureFamily::name() const {
   if (slices > 0) add(asap::str("L", slices));
   if (alpha) add("alpha");
   if (softmax_dual) add("softmax");
+  if (sinkhorn_dual3) add("sinkhorn3");
   return s.empty() ? "empty" : s;
 }
 
@@ -50,6 +51,7 @@ namespace {
 constexpr const char* kFeatSliced = "sliced_potential";
 constexpr const char* kFeatAlpha = "alpha";
 constexpr const char* kFeatSoftmax = "softmax_dual";
+constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";  // format version 2
 
 std::string file_desc(const std::string& path) { return asap::str("artifact '", path, "'"); }
 
@@ -94,6 +96,7 @@ std::vector<std::string> feature_list(const FeatureFamily& f) {
   if (f.slices > 0) v.push_back(kFeatSliced);
   if (f.alpha) v.push_back(kFeatAlpha);
   if (f.softmax_dual) v.push_back(kFeatSoftmax);
+  if (f.sinkhorn_dual3) v.push_back(kFeatSinkhorn3);
   return v;
 }
 
@@ -270,7 +273,7 @@ at::Tensor read_float_dataset(const H5::Group& g, const char* field, const h5::W
   return h5::read_all(ds, dt, dw);
 }
 
-CompiledLayer read_layer(const H5::Group& g, const h5::Where& w) {
+CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_version) {
   CompiledLayer L;
   LayerSpec& s = L.spec;
   s.name = h5::read_string_attr(g, "name", w);
@@ -330,13 +333,17 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w) {
   std::vector<std::string> feats = h5::read_string_list_attr(g, "features", lw);
   std::set<std::string> seen;
   for (const auto& f : feats) {
-    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax, where, ": attribute 'features' names unknown feature group '",
-               f, "' (known: ", kFeatSliced, ", ", kFeatAlpha, ", ", kFeatSoftmax, ")");
+    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3, where,
+               ": attribute 'features' names unknown feature group '", f, "' (known: ", kFeatSliced, ", ", kFeatAlpha,
+               ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ")");
     ASAP_CHECK(seen.insert(f).second, where, ": attribute 'features' lists '", f, "' twice");
   }
   L.family.slices = I("slices");
   L.family.alpha = seen.count(kFeatAlpha) != 0;
   L.family.softmax_dual = seen.count(kFeatSoftmax) != 0;
+  L.family.sinkhorn_dual3 = seen.count(kFeatSinkhorn3) != 0;
+  ASAP_CHECK(!L.family.sinkhorn_dual3 || format_version >= 2, where, ": feature group '", kFeatSinkhorn3,
+             "' needs format_version 2, but the file says ", format_version);
   if (seen.count(kFeatSliced))
     ASAP_CHECK(L.family.slices >= 1, where, ": attribute 'features' includes '", kFeatSliced,
                "' but attribute 'slices' is ", L.family.slices, " (expected >= 1)");
@@ -394,7 +401,11 @@ void write_artifact(const std::string& path, const Artifact& art) {
   h5::Where root{fd, "/"};
   h5::write_atomically(path, root, [&](H5::H5File& f) {
     h5::write_string_attr(f, "format", kArtifactFormat, root);
-    h5::write_int_attr(f, "format_version", kArtifactVersion, root);
+    // The oldest version that can express the file, so older readers keep working.
+    int version = 1;
+    for (const auto& l : art.layers)
+      if (l.family.sinkhorn_dual3) version = 2;
+    h5::write_int_attr(f, "format_version", version, root);
     h5::write_string_attr(f, "asapc_version", art.asapc_version.empty() ? ASAP_VERSION_STRING : art.asapc_version,
                           root);
     h5::write_string_attr(f, "teacher_sha256", art.teacher_sha256, root);
@@ -459,7 +470,7 @@ Artifact read_artifact(const std::string& path) {
   for (const auto& [idx, gname] : by_index) {
     h5::Where gw = lw.child(gname);
     H5::Group g = h5::guarded(lw, asap::str("opening group '", gname, "'"), [&] { return lg.openGroup(gname); });
-    CompiledLayer L = read_layer(g, gw);
+    CompiledLayer L = read_layer(g, gw, version);
     ASAP_CHECK(names.insert(L.spec.name).second, fd, ": layer name '", L.spec.name, "' appears twice");
     art.layers.push_back(std::move(L));
   }

@@ -182,15 +182,20 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMar
   std::vector<at::Tensor> cols;
   if (family.slices > 0) cols.push_back(sliced_potentials(q, k, m, theta, family.slices, scale));
   at::Tensor alpha;
-  if (family.alpha || family.softmax_dual) alpha = cost_alpha(q, scale);
+  if (family.alpha || family.softmax_dual || family.sinkhorn_dual3) alpha = cost_alpha(q, scale);
   if (family.alpha) cols.push_back(center_rows(alpha, m).unsqueeze(-1));
-  if (family.softmax_dual) {
+  if (family.softmax_dual || family.sinkhorn_dual3) {
+    // The teacher's own first steps from g = 0: f1 = row(0), f3 = row(col(f1)).
     auto Sx = S.defined() ? S : scores(q, k, scale);
     auto g0 = at::zeros({q.size(0), q.size(1), q.size(2)}, q.options())
                   .masked_fill(m.key_active.logical_not(), -std::numeric_limits<double>::infinity());
     auto f1 = row_closure(Sx, g0, m, eps);
-    // f1 is -inf on rows without mass; center_rows puts 0 there.
-    cols.push_back(center_rows(at::where(m.row_active, f1 + alpha, at::zeros_like(f1)), m).unsqueeze(-1));
+    // Duals are -inf on rows without mass; center_rows puts 0 there.
+    auto column = [&](const at::Tensor& f) {
+      return center_rows(at::where(m.row_active, f + alpha, at::zeros_like(f)), m).unsqueeze(-1);
+    };
+    if (family.softmax_dual) cols.push_back(column(f1));
+    if (family.sinkhorn_dual3) cols.push_back(column(row_closure(Sx, col_closure(Sx, f1, m, eps), m, eps)));
   }
   return cols.size() == 1 ? cols[0].contiguous() : at::cat(cols, -1);
 }

@@ -50,7 +50,8 @@ void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, 
 }
 
 std::vector<int64_t> family_columns(const FeatureFamily& widest, const FeatureFamily& f) {
-  ASAP_CHECK(f.slices <= widest.slices && (!f.alpha || widest.alpha) && (!f.softmax_dual || widest.softmax_dual),
+  ASAP_CHECK(f.slices <= widest.slices && (!f.alpha || widest.alpha) && (!f.softmax_dual || widest.softmax_dual) &&
+                 (!f.sinkhorn_dual3 || widest.sinkhorn_dual3),
              "feature family ", f.name(), " is not contained in ", widest.name());
   std::vector<int64_t> cols;
   for (int64_t l = 0; l < f.slices; ++l) cols.push_back(l);
@@ -59,7 +60,11 @@ std::vector<int64_t> family_columns(const FeatureFamily& widest, const FeatureFa
     if (f.alpha) cols.push_back(next);
     ++next;
   }
-  if (widest.softmax_dual && f.softmax_dual) cols.push_back(next);
+  if (widest.softmax_dual) {
+    if (f.softmax_dual) cols.push_back(next);
+    ++next;
+  }
+  if (widest.sinkhorn_dual3 && f.sinkhorn_dual3) cols.push_back(next);
   return cols;
 }
 
