@@ -13,6 +13,7 @@
 
 #include "asap/artifact.h"
 #include "asap/error.h"
+#include "asap/runtime.h"
 #include "io/h5util.h"
 #include "test_util.h"
 
@@ -528,4 +529,29 @@ TEST_CASE("artifact: the sinkhorn_dual3 group round trips as format version 2 an
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 1, where_of(path)); });
   CHECK(read_error(path).find("feature group 'sinkhorn_dual3' needs format_version 2, but the file says 1") !=
         std::string::npos);
+}
+
+TEST_CASE("artifact: every feature family, pooled and per head, round trips and computes the same operator") {
+  TempDir tmp;
+  for (int fam = 0; fam < 4; ++fam)
+    for (bool per_head : {false, true}) {
+      CAPTURE(fam);
+      CAPTURE(per_head);
+      asap::Artifact art = sample_artifact();
+      auto& L = art.layers[1];  // the q/k/v layer without weights
+      L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3};  // the bank holds 2 slices
+      L.per_head = per_head;
+      L.coef = at::randn({per_head ? L.spec.heads : 1, L.family.num_columns()}, at::kDouble);
+      const std::string path = tmp.file("f" + std::to_string(fam) + (per_head ? "h" : "p") + ".h5");
+      asap::write_artifact(path, art);
+      auto back = asap::read_artifact(path);
+      const auto& B = back.layers[1];
+      CHECK(B.family == L.family);
+      CHECK(B.per_head == per_head);
+      CHECK(back.format_version == (fam >= 3 ? 2 : 1));
+      at::manual_seed(5);
+      auto q = at::randn({2, L.spec.heads, 9, L.spec.head_dim}), k = at::randn({2, L.spec.heads, 9, L.spec.head_dim});
+      auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});
+      CHECK_CLOSE_T(asap::run_layer(B, q, k, v, at::Tensor()).out, asap::run_layer(L, q, k, v, at::Tensor()).out, 0.0);
+    }
 }

@@ -163,3 +163,28 @@ TEST_CASE("operator: permutation equivariance of features, dual and output") {
   auto Op = run(q.index_select(2, perm), k.index_select(2, perm), v.index_select(2, perm));
   CHECK_CLOSE_T(Op, O.index_select(2, perm), 1e-10);
 }
+
+TEST_CASE("features: the sinkhorn3 column is the teacher's own dual after three steps, centered") {
+  at::manual_seed(13);
+  const int64_t n = 11;
+  auto q = at::randn({2, 3, n, 4}, at::kDouble), k = at::randn({2, 3, n, 4}, at::kDouble);
+  auto mask = at::ones({2, n}, at::kBool);
+  mask[1].slice(0, 8).fill_(false);
+  const double s = 0.45, eps = 0.9;
+  auto m = asap::log_marginals(mask, 2, n, false, at::kDouble, at::kCPU);
+  asap::FeatureFamily fam{0, false, true, true};
+  auto Psi = asap::build_features(q, k, m, asap::make_slice_bank(4, 1, 1), fam, s, eps);
+  REQUIRE(Psi.size(-1) == 2);
+  // Independent: the teacher with budget T = 3 ends with f3 (its final source dual).
+  asap::Convention c;
+  c.eps = eps;
+  auto t3 = asap::run_teacher(q, k, at::Tensor(), mask, s, 3, c, false);
+  auto t1 = asap::run_teacher(q, k, at::Tensor(), mask, s, 1, c, false);
+  auto alpha = 0.5 * s * q.pow(2).sum(-1);
+  auto centered = [](const at::Tensor& x) { return x - x.mean(-1, true); };
+  CHECK_CLOSE_T(Psi.select(-1, 0), centered(t1.f + alpha), 1e-12);
+  CHECK_CLOSE_T(Psi.select(-1, 1), centered(t3.f + alpha), 1e-12);
+  // Cost: three passes before any closure.
+  CHECK(fam.feature_passes() == 3);
+  CHECK(asap::FeatureFamily{0, false, true, false}.feature_passes() == 1);
+}
