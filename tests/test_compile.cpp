@@ -139,7 +139,7 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
 
 TEST_CASE("compile: a compile killed mid-way leaves no output file") {
   TempDir dir;
-  write_vit_calib(dir / "calib.h5", 400, 7);
+  write_vit_calib(dir / "calib.h5", 3000, 7);  // many seconds of work, even on a fast path
   asap::write_spec(dir / "spec.json", vit_spec(6));
   const std::string cmd = std::string(ASAPC_EXE) + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" +
                           " --calib " + dir / "calib.h5" + " -o " + dir / "out.h5" + " -q --batch-size 4 > /dev/null 2>&1 & echo $!";
@@ -147,7 +147,7 @@ TEST_CASE("compile: a compile killed mid-way leaves no output file") {
   long pid = 0;
   REQUIRE(fscanf(p, "%ld", &pid) == 1);
   pclose(p);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   ::kill(static_cast<pid_t>(pid), SIGKILL);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   int files = 0;
