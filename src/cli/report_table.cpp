@@ -56,7 +56,22 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
                     speed.c_str());
       os << line;
     }
-    os << "  * default operator; passes count log-sum-exp sweeps (closures, plus one for the softmax feature)\n";
+    os << "  * default operator; passes count log-sum-exp sweeps (closures plus feature passes)\n";
+    // The compiled choice against the paper's plain map (sliced potentials, pooled), from compile's record.
+    const auto& fit = l.contains("fit") ? l["fit"] : nlohmann::json();
+    if (fit.is_object() && fit.contains("chosen") && fit.contains("candidates")) {
+      const auto& c = fit["chosen"];
+      const int k = c.value("closures", 0);
+      os << "  compiled: " << c.value("family", std::string("?")) << (c.value("per_head", false) ? " per head" : " pooled")
+         << ", k=" << k << " (held-out error at compile " << num(c.value("heldout_attention_error", -1.0)) << ")";
+      for (const auto& cand : fit["candidates"])
+        if (cand.value("candidate", std::string()) == "slices/pooled") {
+          const auto& errs = cand["heldout_attention_error_by_k"];
+          if (k >= 1 && static_cast<size_t>(k) <= errs.size())
+            os << "; paper's map (slices, pooled) at k=" << k << ": " << num(errs[k - 1].get<double>());
+        }
+      os << "\n";
+    }
   }
   if (v.contains("compare")) {
     os << "\nside by side (default operators):\n";
