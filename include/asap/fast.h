@@ -1,0 +1,90 @@
+// asap/fast.h -- fused CPU kernels for the teacher, the compiled operator and
+// the features (issue 9).
+//
+// Same inputs and outputs as the ATen reference paths (asap/teacher.h,
+// asap/runtime.h, asap/features.h), which remain the specification: the
+// tests check fast == reference to 1e-5 relative in float32 and 1e-10 in
+// float64. Tensors on other devices, and dtypes other than float32/float64,
+// are handed to the reference path unchanged.
+//
+// How it works (docs/performance.md): parallel over (batch, head) with
+// per-thread workspaces, or over rows/columns of one head when there are
+// fewer heads than threads; per head the score tile S = (scale/eps) Q K^T is
+// computed once by a small packed GEMM and kept while it fits the workspace
+// budget (otherwise recomputed tile by tile); every closure is one pass with
+// a vectorised exponential, the last closure is fused with plan * V, and no
+// [B, H, n, n] tensor exists unless the attention matrix is requested.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "asap/artifact.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
+
+namespace asap {
+namespace fast {
+
+enum class Strategy {
+  kAuto,          // heads in parallel when there are enough of them, else rows/columns
+  kHeadParallel,  // one (b, h) per thread at a time, per-thread workspace
+  kWithinHead,    // heads one after another, each pass parallel over rows/columns
+};
+
+// Knobs for tests and benchmarks; the defaults are what callers should use.
+struct Tuning {
+  std::string isa;              // "" = best the CPU supports (env ASAP_FAST_ISA overrides); else "generic", "avx2", "avx512"
+  Strategy strategy = Strategy::kAuto;
+  int64_t workspace_bytes = 0;  // budget for stored score tiles over all threads; 0 = env ASAP_FAST_WORKSPACE_MB or 256 MiB
+  int store_scores = -1;        // -1 = within the budget, 0 = recompute tiles in every pass, 1 = always store
+  int64_t chunk_rows = 0;       // rows per tile in row passes (0 = automatic)
+};
+
+// Instruction sets compiled in and supported by this CPU, best last.
+std::vector<std::string> available_isas();
+// The one used for `tuning` (validated; throws asap::Error when unavailable).
+std::string isa_for(const Tuning& tuning = {});
+// Whether the fast path handles these inputs (CPU, float32 or float64).
+bool handles(const at::Tensor& q);
+// Whether at::parallel_for runs in parallel in this build: false when
+// LibTorch uses OpenMP and the library was compiled without it (the fast
+// path then still works, on one thread).
+bool parallel_build();
+
+// Same as asap::run_teacher (all fields of TeacherResult).
+TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
+                      double scale, int T, const Convention& c, bool want_attention = true,
+                      const Tuning& tuning = {});
+
+// A reduced-budget Sinkhorn normalizer: the teacher's loop with budget T'.
+inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& key_mask, double scale, int T_prime,
+                                         const Convention& c, bool want_attention = false,
+                                         const Tuning& tuning = {}) {
+  return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning);
+}
+
+// Same as asap::run_layer(layer, q, k, v, key_mask, {closures, want_attention}):
+// closures = 0 uses the layer's default.
+LayerOutput asap_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& key_mask, int closures = 0, bool want_attention = false,
+                       const Tuning& tuning = {});
+
+// Same as asap::build_features(q, k, log_marginals(key_mask, ...), theta,
+// family, scale, eps): the feature matrix Psi [B, H, n, P].
+at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,
+                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family,
+                          double scale, double eps, const Tuning& tuning = {});
+
+// ESP hard-sort attention (asap-math.md section 8), the benchmark's
+// comparison operator: per slice theta_l the sorted matching sigma_l,
+// weights softmax_l(-tau D_l), output O_i = sum_l w_l v_{sigma_l(i)} without
+// forming A. theta [d, L]; no key-padding mask. Returns [B, H, n, dv].
+at::Tensor esp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& theta,
+                         double scale, double tau, const Tuning& tuning = {});
+
+}  // namespace fast
+}  // namespace asap

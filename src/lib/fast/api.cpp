@@ -1,0 +1,352 @@
+// The public fast path (asap/fast.h): argument checks, dtype dispatch, the
+// parallel drive over heads, and conversion of the engine's compact per-head
+// results to the reference path's tensors.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "asap/error.h"
+#include "asap/fast.h"
+#include "asap/features.h"
+#include "asap/runtime.h"
+#include "fast/engine.h"
+
+namespace asap {
+namespace fast {
+
+using detail::Active;
+using detail::Choice;
+using detail::Engine;
+using detail::HeadOut;
+
+bool handles(const at::Tensor& q) {
+  return q.defined() && q.device().is_cpu() && !q.is_sparse() &&
+         (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+}
+
+namespace {
+
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// The fast path takes a call only when every tensor is on the CPU (and q is
+// float32/float64); anything else goes to the reference path, which raises
+// ATen's usual errors for mixed devices.
+bool cpu_only(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  auto cpu = [](const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && !t.is_sparse()); };
+  return handles(q) && k.defined() && cpu(k) && cpu(v) && cpu(mask);
+}
+
+// The key mask as a contiguous bool [B, n] (undefined = none), with the
+// reference path's checks and messages.
+at::Tensor checked_mask(const at::Tensor& key_mask, int64_t B, int64_t n) {
+  if (!key_mask.defined()) return at::Tensor();
+  ASAP_CHECK(key_mask.dim() == 2 && key_mask.size(0) == B && key_mask.size(1) == n,
+             "key-padding mask: expected shape [", B, ", ", n, "], found ", key_mask.sizes());
+  auto m = key_mask.to(at::kCPU, at::kBool).contiguous();
+  ASAP_CHECK(m.any(-1).all().item<bool>(), "key-padding mask: every sequence needs at least one token");
+  return m;
+}
+
+// Runs per_head(engine, bh) for every (batch, head), heads over threads or
+// passes over threads as `choice` says.
+template <class T>
+void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64_t n, int64_t d, int64_t dv,
+           const std::function<void(Engine<T>&, int64_t)>& per_head) {
+  if (ch.head_parallel) {
+    at::parallel_for(0, BH, 1, [&](int64_t b, int64_t e) {
+      Engine<T> eng(kt, n, d, dv, ch);
+      for (int64_t bh = b; bh < e; ++bh) per_head(eng, bh);
+    });
+  } else {
+    Engine<T> eng(kt, n, d, dv, ch);
+    for (int64_t bh = 0; bh < BH; ++bh) per_head(eng, bh);
+  }
+}
+
+// alpha_i = (scale/2) ||q_i||^2 over R, rounded like the reference (sum, then times s/2).
+template <class T>
+void query_alpha(const T* q, const Active& a, int64_t d, double scale, T* out) {
+  const T half_s = static_cast<T>(0.5 * scale);
+  for (size_t r = 0; r < a.rows.size(); ++r) {
+    const T* x = q + a.rows[r] * d;
+    double s = 0;
+    for (int64_t c = 0; c < d; ++c) s += static_cast<double>(x[c]) * static_cast<double>(x[c]);
+    out[r] = half_s * static_cast<T>(s);
+  }
+}
+
+template <class T>
+TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           double scale, int T_budget, const Convention& c, bool want_attention,
+                           const Tuning& tuning) {
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+  const int64_t dv = v.defined() ? v.size(3) : 0;
+  const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
+  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
+  const bool full = !mask.defined();
+  const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
+  auto opts = q.options();
+  TeacherResult res;
+  at::Tensor f = at::empty({B, H, n}, opts), g = at::empty({B, H, n}, opts);
+  at::Tensor O, A, fstar, phibar;
+  if (v.defined()) O = full ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
+  if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
+  const bool has_star = T_budget >= 2;
+  if (has_star) fstar = at::empty({B, H, n}, opts), phibar = at::empty({B, H, n}, opts);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.defined() ? v.data_ptr<T>() : nullptr;
+  T* fp = f.data_ptr<T>();
+  T* gp = g.data_ptr<T>();
+  T* Op = O.defined() ? O.data_ptr<T>() : nullptr;
+  T* Ap = A.defined() ? A.data_ptr<T>() : nullptr;
+  T* fsp = has_star ? fstar.data_ptr<T>() : nullptr;
+  T* pbp = has_star ? phibar.data_ptr<T>() : nullptr;
+  const T eps = static_cast<T>(c.eps);
+  const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
+  drive<T>(kt, ch, B * H, n, d, dv, [&](Engine<T>& eng, int64_t bh) {
+    const Active& a = act[bh / H];
+    eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
+    const int64_t nR = eng.rows(), nJ = eng.keys();
+    std::vector<T> fh(nR), gh(nJ), fs(has_star ? nR : 0);
+    HeadOut<T> out{Op ? Op + bh * n * dv : nullptr, Ap ? Ap + bh * n * n : nullptr};
+    eng.teacher(T_budget, log_mult, fh.data(), gh.data(), has_star ? fs.data() : nullptr, out);
+    T* fo = fp + bh * n;
+    T* go = gp + bh * n;
+    for (int64_t i = 0; i < n; ++i) fo[i] = kNegInf<T>, go[i] = kNegInf<T>;
+    for (int64_t r = 0; r < nR; ++r) fo[a.rows[r]] = eps * fh[r];
+    for (int64_t j = 0; j < nJ; ++j) go[a.keys[j]] = eps * gh[j];
+    if (has_star) {
+      std::vector<T> alpha(nR);
+      query_alpha(qp + bh * n * d, a, d, scale, alpha.data());
+      T* so = fsp + bh * n;
+      T* po = pbp + bh * n;
+      for (int64_t i = 0; i < n; ++i) so[i] = kNegInf<T>, po[i] = kNegInf<T>;
+      double sum = 0;
+      for (int64_t r = 0; r < nR; ++r) {
+        const T fr = eps * fs[r];
+        so[a.rows[r]] = fr;
+        fs[r] = fr + alpha[r];
+        sum += static_cast<double>(fs[r]);
+      }
+      const double mean = sum / static_cast<double>(nR);
+      for (int64_t r = 0; r < nR; ++r) po[a.rows[r]] = static_cast<T>(static_cast<double>(fs[r]) - mean);
+    }
+  });
+  res.f = f;
+  res.g = g;
+  res.O = O;
+  res.A = A;
+  res.f_star = fstar;
+  res.phi_bar_star = phibar;
+  return res;
+}
+
+void check_qk(const at::Tensor& q, const at::Tensor& k) {
+  ASAP_CHECK(q.dim() == 4 && k.dim() == 4 && q.sizes() == k.sizes(),
+             "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ", k.sizes());
+}
+
+// sqrt(scale) * theta[:, :L]^T as [L, d] in T, rounded like the reference
+// (theta cast to T, then multiplied by sqrt(scale) in T).
+template <class T>
+std::vector<T> scaled_bank(const at::Tensor& theta, int64_t L, double scale) {
+  auto th = theta.slice(1, 0, L).to(at::kDouble).contiguous().cpu();
+  const int64_t d = th.size(0);
+  const double* p = th.data_ptr<double>();
+  const T s = static_cast<T>(std::sqrt(scale));
+  std::vector<T> out(L * d);
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t i = 0; i < d; ++i) out[l * d + i] = static_cast<T>(p[i * th.size(1) + l]) * s;
+  return out;
+}
+
+template <class T>
+LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& mask, int closures, bool want_attention, const Tuning& tuning) {
+  const LayerSpec& s = L.spec;
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
+  const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
+  const Convention c = convention_of(s);
+  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
+  const bool full = !mask.defined();
+  const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
+  const FeatureFamily& fam = L.family;
+  const int64_t P = fam.num_columns();
+  ASAP_CHECK(L.coef.dim() == 2 && L.coef.size(1) == P && (L.coef.size(0) == 1 || L.coef.size(0) == H),
+             "coefficients: expected [1, ", P, "] or [", H, ", ", P, "], found ", L.coef.sizes());
+  const std::vector<T> bank =
+      fam.slices > 0 ? scaled_bank<T>(L.theta, fam.slices, s.score_scale) : std::vector<T>();
+  detail::FeatureSpec<T> fs;
+  fs.theta_s = bank.data();
+  fs.L = fam.slices;
+  fs.alpha = fam.alpha;
+  fs.softmax = fam.softmax_dual;
+  auto coef = L.coef.to(at::kDouble).contiguous().cpu();
+  const double* cp = coef.data_ptr<double>();
+  const bool per_head = coef.size(0) == H && H > 1;
+  auto opts = q.options();
+  at::Tensor O = full ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
+  at::Tensor A;
+  if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
+  at::Tensor phi = at::zeros({B, H, n}, opts);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* Op = O.data_ptr<T>();
+  T* Ap = A.defined() ? A.data_ptr<T>() : nullptr;
+  T* php = phi.data_ptr<T>();
+  const double eps = c.eps;
+  const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
+  const double scale = s.score_scale;
+  drive<T>(kt, ch, B * H, n, d, dv, [&](Engine<T>& eng, int64_t bh) {
+    const Active& a = act[bh / H];
+    const T* qh = qp + bh * n * d;
+    eng.load(qh, kp + bh * n * d, vp + bh * n * dv, a, scale / eps);
+    const int64_t nR = eng.rows(), nJ = eng.keys();
+    std::vector<T> alpha(nR), fh(nR), gh(nJ);
+    std::vector<double> ph(nR);
+    query_alpha(qh, a, d, scale, alpha.data());
+    const double* beta = cp + (per_head ? (bh % H) * P : 0);
+    eng.features(fs, eps, alpha.data(), nullptr, beta, ph.data());
+    T* po = php + bh * n;
+    for (int64_t r = 0; r < nR; ++r) {
+      const T phr = static_cast<T>(ph[r]);
+      po[a.rows[r]] = phr;
+      fh[r] = static_cast<T>(static_cast<double>(phr - alpha[r]) / eps);
+    }
+    HeadOut<T> out{Op + bh * n * dv, Ap ? Ap + bh * n * n : nullptr};
+    eng.closures(closures, log_mult, fh.data(), gh.data(), out);
+  });
+  LayerOutput r;
+  r.out = O;
+  r.attention = A;
+  r.phi_hat = phi;
+  return r;
+}
+
+template <class T>
+at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, bool drop,
+                         const at::Tensor& theta, const FeatureFamily& fam, double scale, double eps,
+                         const Tuning& tuning) {
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
+  const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
+  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, drop);
+  const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
+  const int64_t P = fam.num_columns();
+  const std::vector<T> bank = fam.slices > 0 ? scaled_bank<T>(theta, fam.slices, scale) : std::vector<T>();
+  detail::FeatureSpec<T> fs;
+  fs.theta_s = bank.data();
+  fs.L = fam.slices;
+  fs.alpha = fam.alpha;
+  fs.softmax = fam.softmax_dual;
+  at::Tensor Psi = at::zeros({B, H, n, P}, q.options());
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  T* out = Psi.data_ptr<T>();
+  drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
+    const Active& a = act[bh / H];
+    const T* qh = qp + bh * n * d;
+    eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fam.softmax_dual);
+    const int64_t nR = eng.rows();
+    std::vector<T> alpha(nR), psi(P * nR);
+    query_alpha(qh, a, d, scale, alpha.data());
+    eng.features(fs, eps, alpha.data(), psi.data());
+    T* o = out + bh * n * P;
+    for (int64_t r = 0; r < nR; ++r)
+      for (int64_t p = 0; p < P; ++p) o[a.rows[r] * P + p] = psi[p * nR + r];
+  });
+  return Psi;
+}
+
+}  // namespace
+
+TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
+                      double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning) {
+  if (!cpu_only(q, k, v, key_mask)) return run_teacher(q, k, v, key_mask, scale, T, c, want_attention);
+  ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
+  check_qk(q, k);
+  ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2);
+  if (v.defined())
+    ASAP_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == n,
+               "teacher: v must be [", B, ", ", H, ", ", n, ", dv], found ", v.sizes());
+  auto mask = checked_mask(key_mask, B, n);
+  if (n == 0 || B * H == 0) return run_teacher(q, k, v, key_mask, scale, T, c, want_attention);
+  auto qc = q.contiguous();
+  auto kc = k.to(q.scalar_type()).contiguous();
+  auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
+  if (q.scalar_type() == at::kFloat) return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning);
+  return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning);
+}
+
+LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& key_mask, int closures, bool want_attention, const Tuning& tuning) {
+  if (!cpu_only(q, k, v, key_mask)) {
+    RunOptions o;
+    o.closures = closures;
+    o.return_attention = want_attention;
+    return run_layer(L, q, k, v, key_mask, o);
+  }
+  const LayerSpec& s = L.spec;
+  ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
+             "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
+  ASAP_CHECK(k.sizes() == q.sizes(), "layer '", s.name, "': k must have q's shape ", q.sizes(), ", found ",
+             k.sizes());
+  ASAP_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == s.heads && v.size(2) == q.size(2), "layer '",
+             s.name, "': v must be [", q.size(0), ", ", s.heads, ", ", q.size(2), ", dv], found ", v.sizes());
+  const int k_closures = closures > 0 ? closures : L.default_closures;
+  ASAP_CHECK(k_closures >= 1, "number of closures must be at least 1, found ", k_closures);
+  ASAP_CHECK(s.eps > 0, "entropy eps must be positive, found ", s.eps);
+  ASAP_CHECK(L.family.num_columns() >= 1, "feature family has no columns");
+  if (L.family.slices > 0) {
+    ASAP_CHECK(L.theta.dim() == 2 && L.theta.size(0) == q.size(-1),
+               "slice bank: expected [", q.size(-1), ", L], found ", L.theta.sizes());
+    ASAP_CHECK(L.family.slices <= L.theta.size(1), "slice count ", L.family.slices, " outside the bank's 1..",
+               L.theta.size(1));
+  }
+  const int64_t B = q.size(0), n = q.size(2);
+  auto mask = checked_mask(key_mask, B, n);
+  if (n == 0 || B * q.size(1) == 0) {
+    RunOptions o;
+    o.closures = closures;
+    o.return_attention = want_attention;
+    return run_layer(L, q, k, v, key_mask, o);
+  }
+  auto qc = q.contiguous();
+  auto kc = k.to(q.scalar_type()).contiguous();
+  auto vc = v.to(q.scalar_type()).contiguous();
+  if (q.scalar_type() == at::kFloat)
+    return layer_impl<float>(L, qc, kc, vc, mask, k_closures, want_attention, tuning);
+  return layer_impl<double>(L, qc, kc, vc, mask, k_closures, want_attention, tuning);
+}
+
+at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,
+                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family,
+                          double scale, double eps, const Tuning& tuning) {
+  ASAP_CHECK(family.num_columns() >= 1, "feature family has no columns");
+  if (!cpu_only(q, k, at::Tensor(), key_mask)) {
+    auto m = log_marginals(key_mask, q.size(0), q.size(2), drop_padded_queries, q.scalar_type(), q.device());
+    return asap::build_features(q, k, m, theta, family, scale, eps);
+  }
+  check_qk(q, k);
+  if (family.slices > 0) {
+    ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1),
+               ", L], found ", theta.sizes());
+    ASAP_CHECK(family.slices >= 1 && family.slices <= theta.size(1), "slice count ", family.slices,
+               " outside the bank's 1..", theta.size(1));
+  }
+  auto mask = checked_mask(key_mask, q.size(0), q.size(2));
+  auto qc = q.contiguous();
+  auto kc = k.to(q.scalar_type()).contiguous();
+  if (q.scalar_type() == at::kFloat)
+    return features_impl<float>(qc, kc, mask, drop_padded_queries, theta, family, scale, eps, tuning);
+  return features_impl<double>(qc, kc, mask, drop_padded_queries, theta, family, scale, eps, tuning);
+}
+
+}  // namespace fast
+}  // namespace asap

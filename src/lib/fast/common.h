@@ -1,0 +1,75 @@
+// Shared helpers of the fast path: kernel-table selection, aligned buffers.
+#pragma once
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "asap/fast.h"
+#include "fast/kernels.h"
+
+namespace asap {
+namespace fast {
+namespace detail {
+
+// The kernel tables for `tuning` (see isa_for).
+const Kernels& kernels_for(const Tuning& tuning);
+
+template <class T>
+const KernelTable<T>& table_of(const Kernels& k);
+template <>
+inline const KernelTable<float>& table_of<float>(const Kernels& k) {
+  return k.f32;
+}
+template <>
+inline const KernelTable<double>& table_of<double>(const Kernels& k) {
+  return k.f64;
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A 64-byte aligned, uninitialised, growable buffer.
+template <class T>
+class Buf {
+ public:
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  Buf(Buf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  ~Buf() { std::free(p_); }
+  // Ensures room for m elements; contents are not preserved.
+  T* get(int64_t m) {
+    if (m > n_) {
+      std::free(p_);
+      p_ = nullptr;
+      n_ = 0;
+      const size_t bytes = static_cast<size_t>(round_up(m * static_cast<int64_t>(sizeof(T)), 64));
+      // Large buffers (score tiles) on 2 MiB boundaries with a transparent
+      // huge page hint: fewer TLB misses in column passes. Harmless where
+      // huge pages are unavailable.
+      const size_t kHuge = size_t(2) << 20;
+      if (bytes >= 2 * kHuge) {
+        p_ = static_cast<T*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+#ifdef MADV_HUGEPAGE
+        if (p_) madvise(p_, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+#endif
+      } else {
+        p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+      }
+      if (!p_) throw std::bad_alloc();
+      n_ = m;
+    }
+    return p_;
+  }
+  T* data() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+}  // namespace detail
+}  // namespace fast
+}  // namespace asap

@@ -1,0 +1,447 @@
+// The per-head engine of the fast path (see engine.h and docs/performance.md).
+#include "fast/engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace asap {
+namespace fast {
+namespace detail {
+
+namespace {
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+// Rows per chunk in column passes over a stored tile (see col_pass).
+constexpr int64_t kColChunkRows = 32;
+}
+
+std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
+  std::vector<Active> out(B);
+  for (int64_t b = 0; b < B; ++b) {
+    Active& a = out[b];
+    for (int64_t i = 0; i < n; ++i)
+      if (!mask || mask[b * n + i]) a.keys.push_back(i);
+    a.all_keys = static_cast<int64_t>(a.keys.size()) == n;
+    if (drop_padded_queries) {
+      a.rows = a.keys;
+    } else {
+      a.rows.resize(n);
+      for (int64_t i = 0; i < n; ++i) a.rows[i] = i;
+    }
+    a.all_rows = static_cast<int64_t>(a.rows.size()) == n;
+    // Positions of the keys within R, and of R's rows that are not keys.
+    a.key_in_rows.resize(a.keys.size());
+    size_t kk = 0;
+    for (size_t r = 0; r < a.rows.size(); ++r) {
+      if (kk < a.keys.size() && a.keys[kk] == a.rows[r])
+        a.key_in_rows[kk++] = static_cast<int64_t>(r);
+      else
+        a.extra_rows.push_back(static_cast<int64_t>(r));
+    }
+  }
+  return out;
+}
+
+Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning) {
+  Choice c;
+  const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
+  int64_t budget = tuning.workspace_bytes;
+  if (budget <= 0) {
+    const char* env = std::getenv("ASAP_FAST_WORKSPACE_MB");
+    budget = (env && *env) ? static_cast<int64_t>(std::atof(env) * 1048576.0) : (int64_t(256) << 20);
+  }
+  const int64_t tile_bytes = n * round_up(n, panel) * elem_bytes;
+  bool hp = threads == 1 || (heads >= threads && (heads % threads == 0 || heads >= 4 * threads || n * n < 65536));
+  if (tuning.strategy == Strategy::kHeadParallel) hp = true;
+  if (tuning.strategy == Strategy::kWithinHead) hp = false;
+  bool store;
+  if (tuning.store_scores >= 0) {
+    store = tuning.store_scores == 1;
+  } else {
+    store = (hp ? threads : 1) * tile_bytes <= budget;
+    // Rather one stored tile with parallel passes than recomputing per head.
+    if (!store && hp && threads > 1 && tile_bytes <= budget && tuning.strategy == Strategy::kAuto) {
+      hp = false;
+      store = true;
+    }
+  }
+  c.head_parallel = hp;
+  c.store = store;
+  c.threads = hp ? 1 : threads;
+  if (tuning.chunk_rows > 0) {
+    c.chunk_rows = tuning.chunk_rows;
+  } else if (store) {
+    c.chunk_rows = 64;
+  } else {
+    // Recomputed tiles of about 256 KiB.
+    c.chunk_rows = std::min<int64_t>(256, std::max<int64_t>(8, (int64_t(256) << 10) / (round_up(n, panel) * elem_bytes)));
+  }
+  return c;
+}
+
+template <class T>
+Engine<T>::Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, const Choice& ch)
+    : kt_(kt), n_(n), d_(d), dv_(dv), dvp_(round_up(std::max<int64_t>(dv, 1), kt.width)), ch_(ch) {
+  scratch_.resize(std::max(1, ch.threads));
+}
+
+template <class T>
+template <class F>
+void Engine<T>::pfor(int64_t count, const F& fn) {
+  if (ch_.threads <= 1 || count <= 1) {
+    for (int64_t i = 0; i < count; ++i) fn(i, 0);
+    return;
+  }
+  at::parallel_for(0, count, 1, [&](int64_t b, int64_t e) {
+    const int tid = std::min(at::get_thread_num(), ch_.threads - 1);
+    for (int64_t i = b; i < e; ++i) fn(i, tid);
+  });
+}
+
+template <class T>
+void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, double s_eps, bool need_scores) {
+  act_ = &act;
+  nR_ = static_cast<int64_t>(act.rows.size());
+  nJ_ = static_cast<int64_t>(act.keys.size());
+  const int64_t NR = kt_.nt_nr;
+  ldS_ = round_up(nJ_, NR);
+  log_a_ = static_cast<T>(-std::log(static_cast<double>(n_)));
+  log_b_ = log_a_;
+  // Gather the rows that take part.
+  if (act.all_rows) {
+    qa_ = q;
+  } else {
+    T* qa = qa_buf_.get(nR_ * d_);
+    for (int64_t r = 0; r < nR_; ++r) std::memcpy(qa + r * d_, q + act.rows[r] * d_, d_ * sizeof(T));
+    qa_ = qa;
+  }
+  if (act.all_keys) {
+    ka_ = k;
+  } else {
+    T* ka = ka_buf_.get(nJ_ * d_);
+    for (int64_t j = 0; j < nJ_; ++j) std::memcpy(ka + j * d_, k + act.keys[j] * d_, d_ * sizeof(T));
+    ka_ = ka;
+  }
+  T* kp = kp_.get(ldS_ * d_);
+  kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
+  has_v_ = v != nullptr;
+  if (has_v_) {
+    T* vp = vp_.get(nJ_ * dvp_);
+    for (int64_t j = 0; j < nJ_; ++j) {
+      const T* src = v + act.keys[j] * dv_;
+      T* dst = vp + j * dvp_;
+      std::memcpy(dst, src, dv_ * sizeof(T));
+      for (int64_t c = dv_; c < dvp_; ++c) dst[c] = T(0);
+    }
+  }
+  // Per-head vectors.
+  lse_.get(nR_);
+  z_.get(nR_);
+  rs_.get(nR_);
+  radd_.get(nR_);
+  cmax_.get(nJ_);
+  csum_.get(nJ_);
+  cs_.get(nJ_);
+  if (ch_.store) {
+    T* S = S_.get(nR_ * ldS_);
+    if (need_scores) {
+      const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+      pfor(nch, [&](int64_t c, int) {
+        const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+        kt_.gemm_nt(r1 - r0, nJ_, d_, qa_ + r0 * d_, d_, kp, S + r0 * ldS_, ldS_);
+      });
+    }
+  }
+}
+
+template <class T>
+T* Engine<T>::tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld) {
+  if (ch_.store) {
+    *ld = ldS_;
+    return S_.data() + r0 * ldS_ + c0;
+  }
+  const int64_t NR = kt_.nt_nr, w = round_up(c1 - c0, NR);
+  T* buf = scratch_[tid].tile.get(std::max<int64_t>(ch_.chunk_rows, r1 - r0) * ldS_);
+  kt_.gemm_nt(r1 - r0, c1 - c0, d_, qa_ + r0 * d_, d_, kp_.data() + (c0 / NR) * d_ * NR, buf, w);
+  *ld = w;
+  return buf;
+}
+
+template <class T>
+void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale,
+                     const T* Bv, int tid, const HeadOut<T>& out) {
+  const int64_t rows = r1 - r0;
+  const Active& a = *act_;
+  if (out.O && has_v_) {
+    T* ot = scratch_[tid].otmp.get(rows * dvp_);
+    kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T sc = rscale ? rscale[r] : T(1);
+      T* o = out.O + a.rows[r0 + r] * dv_;
+      const T* src = ot + r * dvp_;
+      for (int64_t c = 0; c < dv_; ++c) o[c] = sc * src[c];
+    }
+  }
+  if (out.A) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T sc = rscale ? rscale[r] : T(1);
+      T* arow = out.A + a.rows[r0 + r] * n_;
+      const T* e = E + r * lde;
+      if (a.all_keys) {
+        if (cscale)
+          for (int64_t j = 0; j < nJ_; ++j) arow[j] = sc * e[j] * cscale[j];
+        else
+          for (int64_t j = 0; j < nJ_; ++j) arow[j] = sc * e[j];
+      } else {
+        for (int64_t j = 0; j < nJ_; ++j) arow[a.keys[j]] = sc * e[j] * (cscale ? cscale[j] : T(1));
+      }
+    }
+  }
+}
+
+template <class T>
+void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut<T>& out) {
+  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  T* lse = lse_.data();
+  T* z = z_.data();
+  T* rs = rs_.data();
+  const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
+  pfor(nch, [&](int64_t c, int tid) {
+    const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+    int64_t ld;
+    T* t = tile(r0, r1, 0, nJ_, tid, &ld);
+    if (!final) {
+      kt_.row_lse(r1 - r0, nJ_, t, ld, g, lse + r0, nullptr, 0, nullptr);
+    } else {
+      // E = exp(S' + g' - max_i) in place; plan * mult = E * mult * a / z_i.
+      kt_.row_lse(r1 - r0, nJ_, t, ld, g, lse + r0, t, ld, z + r0);
+      for (int64_t r = r0; r < r1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
+      emit(r0, r1, t, ld, rs + r0, nullptr, vp_.data(), tid, out);
+    }
+    for (int64_t r = r0; r < r1; ++r) f[r] = log_a_ - lse[r];
+  });
+}
+
+template <class T>
+void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut<T>& out) {
+  const int64_t NR = kt_.nt_nr;
+  // Column blocks: one per thread (panel aligned), or the whole width.
+  const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
+  const int64_t bw = round_up((nJ_ + nb_want - 1) / nb_want, NR);
+  const int64_t nb = (nJ_ + bw - 1) / bw;
+  T* cmax = cmax_.data();
+  T* csum = csum_.data();
+  T* cs = cs_.data();
+  const double col_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_b_));
+  // Column passes walk the tile in chunks of rows across the block's full
+  // width: sweeping one narrow column strip down all rows touches a new page
+  // per row and thrashes the TLB at large n (4x slower at n = 4096).
+  const int64_t CRc = ch_.store ? kColChunkRows : ch_.chunk_rows;
+  if (final && ch_.store) {
+    // Exact column maxima, then E = exp(S' + f' - max_j) in place with the
+    // column sums; plan * mult = E * mult * b / sum_j, folded into V.
+    T* S = S_.data();
+    T* vs = has_v_ ? vs_.get(nJ_ * dvp_) : nullptr;
+    const T* vp = vp_.data();
+    pfor(nb, [&](int64_t b, int) {
+      const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
+      for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
+      for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
+        const int64_t r1 = std::min(nR_, r0 + CRc);
+        kt_.col_max(r1 - r0, c1 - c0, S + r0 * ldS_ + c0, ldS_, f + r0, cmax + c0);
+      }
+      for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
+        const int64_t r1 = std::min(nR_, r0 + CRc);
+        T* s = S + r0 * ldS_ + c0;
+        kt_.col_exp(r1 - r0, c1 - c0, s, ldS_, f + r0, cmax + c0, csum + c0, s, ldS_);
+      }
+      for (int64_t j = c0; j < c1; ++j) {
+        g[j] = log_b_ - cmax[j] - std::log(csum[j]);
+        cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
+        if (vs)
+          for (int64_t c = 0; c < dvp_; ++c) vs[j * dvp_ + c] = vp[j * dvp_ + c] * cs[j];
+      }
+    });
+    const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+    pfor(nch, [&](int64_t c, int tid) {
+      const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+      emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, cs, vs, tid, out);
+    });
+    return;
+  }
+  pfor(nb, [&](int64_t b, int tid) {
+    const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
+    for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
+    for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
+      const int64_t r1 = std::min(nR_, r0 + CRc);
+      int64_t ld;
+      const T* t = tile(r0, r1, c0, c1, tid, &ld);
+      kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, f + r0, cmax + c0, csum + c0);
+    }
+    for (int64_t j = c0; j < c1; ++j) g[j] = log_b_ - cmax[j] - std::log(csum[j]);
+  });
+  if (!final) return;
+  // Recomputed tiles: a plan pass with both duals.
+  T* radd = radd_.data();
+  for (int64_t r = 0; r < nR_; ++r) radd[r] = f[r] + log_mult;
+  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  pfor(nch, [&](int64_t c, int tid) {
+    const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+    int64_t ld;
+    T* t = tile(r0, r1, 0, nJ_, tid, &ld);
+    kt_.plan(r1 - r0, nJ_, t, ld, radd + r0, g, t, ld);
+    emit(r0, r1, t, ld, nullptr, nullptr, vp_.data(), tid, out);
+  });
+}
+
+template <class T>
+void Engine<T>::teacher(int T_budget, T log_mult, T* f, T* g, T* fstar, const HeadOut<T>& out) {
+  for (int64_t j = 0; j < nJ_; ++j) g[j] = T(0);
+  const int fstar_t = T_budget % 2 == 0 ? T_budget - 1 : T_budget - 2;
+  for (int t = 1; t <= T_budget; ++t) {
+    const bool final = t == T_budget;
+    if (t % 2 == 1)
+      row_pass(g, f, final, log_mult, out);
+    else
+      col_pass(f, g, final, log_mult, out);
+    if (t == fstar_t && fstar) std::memcpy(fstar, f, nR_ * sizeof(T));
+  }
+}
+
+template <class T>
+void Engine<T>::closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out) {
+  for (int t = 1; t <= k; ++t) {
+    const bool final = t == k;
+    if (t % 2 == 1)
+      col_pass(f, g, final, log_mult, out);
+    else
+      row_pass(g, f, final, log_mult, out);
+  }
+}
+
+namespace {
+// phi(p) = p^2/2 - u(p), u extended by its outer rays (features.cpp).
+double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys, const std::vector<double>& u,
+                      double p) {
+  double up;
+  if (p < xs.front()) {
+    up = ys.front() * (p - xs.front());
+  } else {
+    const int64_t r = std::upper_bound(xs.begin(), xs.end(), p) - xs.begin() - 1;
+    up = u[r] + ys[r] * (p - xs[r]);
+  }
+  return 0.5 * p * p - up;
+}
+
+}  // namespace
+
+template <class T>
+void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta,
+                         double* phi) {
+  const Active& a = *act_;
+  const int64_t NR = kt_.nt_nr;
+  // Column p either goes to psi (centered, rounded like the reference) or,
+  // with beta, straight into phi = sum_p beta_p (col_p - mean_p): the
+  // centering commutes with the sum, so no column is stored or re-read.
+  if (beta) {
+    for (auto& sc : scratch_) {
+      sc.acc.assign(nR_, 0.0);
+      sc.shift = 0;
+    }
+  }
+  auto take = [&](int64_t p, Scratch& sc, const T* col) {
+    double sum = 0;
+    for (int64_t i = 0; i < nR_; ++i) sum += static_cast<double>(col[i]);
+    const double mean = sum / static_cast<double>(nR_);
+    if (beta) {
+      const double b = beta[p];
+      double* acc = sc.acc.data();
+      for (int64_t i = 0; i < nR_; ++i) acc[i] += b * static_cast<double>(col[i]);
+      sc.shift += b * mean;
+    } else {
+      T* out = psi + p * nR_;
+      for (int64_t i = 0; i < nR_; ++i) out[i] = static_cast<T>(static_cast<double>(col[i]) - mean);
+    }
+  };
+  int64_t p = 0;
+  if (fs.L > 0) {
+    const int64_t L = fs.L, ldx = round_up(nR_, NR), ldy = round_up(nJ_, NR);
+    T* qp = qp_.get(ldx * d_);
+    T* kp1 = kp1_.get(ldy * d_);
+    T* X = X_.get(L * ldx);
+    T* Y = Y_.get(L * ldy);
+    kt_.pack_b(nR_, d_, qa_, d_, T(1), qp);
+    kt_.pack_b(nJ_, d_, ka_, d_, T(1), kp1);
+    kt_.gemm_nt(L, nR_, d_, fs.theta_s, d_, qp, X, ldx);
+    kt_.gemm_nt(L, nJ_, d_, fs.theta_s, d_, kp1, Y, ldy);
+    const int64_t m = nJ_;
+    const bool extra = !a.extra_rows.empty();
+    pfor(L, [&](int64_t l, int tid) {
+      Scratch& s = scratch_[tid];
+      const T* x = X + l * ldx;
+      const T* y = Y + l * ldy;
+      const int64_t* kir = a.key_in_rows.data();
+      s.xs.resize(m);
+      s.ys.resize(m);
+      s.col.resize(nR_);
+      const T* xk = x;
+      if (!a.all_keys) {  // the active keys' own projections, contiguous
+        s.xg.resize(m);
+        for (int64_t r = 0; r < m; ++r) s.xg[r] = x[kir[r]];
+        xk = s.xg.data();
+      }
+      sorted_with_order(m, xk, s.sort, s.ox, s.xs.data());
+      sorted_values<T>(m, y, s.sort, s.ys.data());
+      // u_(1) = 0, u_(r+1) = u_(r) + ys_(r) (xs_(r+1) - xs_(r)); phi_(r) = xs_(r)^2 / 2 - u_(r).
+      T* col = s.col.data();
+      const double* xs = s.xs.data();
+      const double* ys = s.ys.data();
+      const int32_t* ox = s.ox.data();
+      if (extra) s.u.resize(m);
+      double u = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        if (extra) s.u[r] = u;
+        col[kir[ox[r]]] = static_cast<T>(0.5 * xs[r] * xs[r] - u);
+        if (r + 1 < m) u += ys[r] * (xs[r + 1] - xs[r]);
+      }
+      for (int64_t e : a.extra_rows)
+        col[e] = static_cast<T>(eval_potential(s.xs, s.ys, s.u, static_cast<double>(x[e])));
+      take(l, s, col);
+    });
+    p = L;
+  }
+  Scratch& s0 = scratch_[0];
+  if (fs.alpha) {
+    take(p, s0, alpha);
+    ++p;
+  }
+  if (fs.softmax) {
+    // f1 = eps (log a - LSE_j S'_ij): the teacher's first closure, + alpha.
+    s0.col.resize(nR_);
+    T* col = s0.col.data();
+    T* zero = cs_.data();
+    for (int64_t j = 0; j < nJ_; ++j) zero[j] = T(0);
+    row_pass(zero, col, false, T(0), HeadOut<T>{});
+    const T e = static_cast<T>(eps);
+    for (int64_t r = 0; r < nR_; ++r) col[r] = e * col[r] + alpha[r];
+    take(p, s0, col);
+    ++p;
+  }
+  if (beta) {
+    double shift = 0;
+    for (int64_t i = 0; i < nR_; ++i) phi[i] = 0;
+    for (auto& sc : scratch_) {
+      for (int64_t i = 0; i < nR_; ++i) phi[i] += sc.acc[i];
+      shift += sc.shift;
+    }
+    for (int64_t i = 0; i < nR_; ++i) phi[i] -= shift;
+  }
+}
+
+template class Engine<float>;
+template class Engine<double>;
+
+}  // namespace detail
+}  // namespace fast
+}  // namespace asap

@@ -1,0 +1,128 @@
+// The per-head engine of the fast path: one attention head at a time, score
+// tile stored or recomputed, closures as single fused passes.
+//
+// Rows and columns are compacted to the tokens that carry mass: rows R are
+// the query rows with a_i > 0 (all rows, or the active keys when padded
+// queries are dropped), columns J the active keys. Padded key columns and
+// dropped rows never enter a pass; the caller fills their outputs (-inf
+// duals, zero rows and columns).
+#pragma once
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "fast/common.h"
+#include "fast/sort.h"
+
+namespace asap {
+namespace fast {
+namespace detail {
+
+// The tokens of one sequence that carry mass.
+struct Active {
+  std::vector<int64_t> rows;         // R, ascending token indices
+  std::vector<int64_t> keys;         // J, ascending
+  std::vector<int64_t> key_in_rows;  // position in R of each key (J is a subset of R)
+  std::vector<int64_t> extra_rows;   // positions in R of rows that are not keys
+  bool all_rows = true, all_keys = true;
+};
+
+// Builds Active for every sequence of a [B, n] key mask (nullptr = no mask).
+std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries);
+
+// How a call is run.
+struct Choice {
+  bool head_parallel = true;  // heads over threads; else passes over threads
+  bool store = true;          // keep the head's score tile
+  int threads = 1;            // threads of the inner passes (1 when head_parallel)
+  int64_t chunk_rows = 64;    // rows per tile in row passes and the PV product
+};
+
+Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning);
+
+// Sliced-potential and extra feature columns for the engine.
+template <class T>
+struct FeatureSpec {
+  const T* theta_s = nullptr;  // [L, d]: sqrt(scale) * theta^T in T (rows = slices)
+  int64_t L = 0;
+  bool alpha = false, softmax = false;
+  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0); }
+};
+
+template <class T>
+struct HeadOut {
+  T* O = nullptr;  // [n, dv] head output rows (token order); rows outside R untouched
+  T* A = nullptr;  // [n, n] attention; entries outside R x J untouched
+};
+
+template <class T>
+class Engine {
+ public:
+  Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, const Choice& ch);
+
+  // A new head: q, k rows [n, d], v rows [n, dv] (or nullptr); s_eps =
+  // scale / eps. Gathers, packs and (when storing) computes the score tile.
+  void load(const T* q, const T* k, const T* v, const Active& act, double s_eps, bool need_scores = true);
+
+  int64_t rows() const { return nR_; }
+  int64_t keys() const { return nJ_; }
+
+  // f' = log a - LSE_j(S' + g') over R (final: fused with plan * V into out).
+  void row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut<T>& out);
+  // g' = log b - LSE_i(S' + f') over J (final: fused with plan * V into out).
+  void col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut<T>& out);
+
+  // The teacher's loop with budget T from g' = 0; f, g, fstar sized by rows()
+  // / keys(); fstar (may be null) receives the closure-ready dual.
+  void teacher(int budget, T log_mult, T* f, T* g, T* fstar, const HeadOut<T>& out);
+  // k closures col, row, ... from f (overwritten); g receives the last column dual.
+  void closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out);
+
+  // Feature columns of the head, centered over R; alpha [nR] holds the
+  // query cost offsets (T precision). Without beta: Psi [P, nR] into psi
+  // (column p at psi + p * nR). With beta [P]: phi = Psi beta into phi [nR]
+  // (float64), no column stored.
+  void features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta = nullptr,
+                double* phi = nullptr);
+
+  T log_a() const { return log_a_; }
+
+ private:
+  struct Scratch {
+    Buf<T> tile, otmp;
+    SortScratch<T> sort;
+    std::vector<int32_t> ox;
+    std::vector<T> xg, col;
+    std::vector<double> xs, ys, u, acc;
+    double shift = 0;
+  };
+  template <class F>
+  void pfor(int64_t count, const F& fn);
+  // The rows [r0, r1) x columns [c0, c1) of S' (c0 on a panel boundary):
+  // pointer and leading dimension; writable (final passes work in place).
+  T* tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld);
+  // O rows (and A entries) of chunk [r0, r1) from E = plan / (row and column scales).
+  void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
+            int tid, const HeadOut<T>& out);
+
+  const KernelTable<T>& kt_;
+  int64_t n_, d_, dv_, dvp_;
+  Choice ch_;
+  const Active* act_ = nullptr;
+  int64_t nR_ = 0, nJ_ = 0, ldS_ = 0;
+  T log_a_ = 0, log_b_ = 0;
+  bool has_v_ = false;
+  const T* qa_ = nullptr;  // [nR, d]
+  const T* ka_ = nullptr;  // [nJ, d]
+  Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
+  Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
+  Buf<T> qp_, kp1_, X_, Y_;
+  std::vector<Scratch> scratch_;
+};
+
+}  // namespace detail
+}  // namespace fast
+}  // namespace asap

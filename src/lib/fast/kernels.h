@@ -1,0 +1,67 @@
+// Internal interface of the fused CPU kernels behind asap/fast.h.
+//
+// The kernels are compiled several times, once per instruction set
+// (kernels_generic.cpp, kernels_avx2.cpp, kernels_avx512.cpp, each including
+// kernels_impl.h with its own vector width and `#pragma GCC target`), and the
+// fastest one the CPU supports is picked at run time. Those translation units
+// include nothing but this header, so no inline function compiled for a wider
+// instruction set can leak into code that runs on a narrower one.
+//
+// All scores are in scaled units S' = (scale/eps) * Q K^T and all duals in
+// units of eps (f' = f/eps), so a closure is a plain log-sum-exp.
+#pragma once
+#include <cstdint>
+
+namespace asap {
+namespace fast {
+namespace detail {
+
+template <class T>
+struct KernelTable {
+  const char* isa;  // "generic", "avx2", "avx512"
+  int nt_mr;        // gemm_nt: rows per micro tile; callers pad row counts to a multiple
+  int nt_nr;        // gemm_nt: columns per packed panel; callers pad leading dims to a multiple
+  int width;        // vector lanes (leading dims of buffers are multiples of it)
+
+  // Packs B [N x K] (row-major, ldb) times alpha into panels of nt_nr columns:
+  // out has roundup(N, nt_nr) * K elements, zero-padded.
+  void (*pack_b)(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out);
+  // C [M x roundup(N, nt_nr)] = A [M x K] (lda) * Bp^T, Bp from pack_b starting
+  // at a panel boundary. M must be a multiple of nt_mr (pad A with zero rows).
+  void (*gemm_nt)(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc);
+  // C [M x Nv] = A [M x N] (lda) * B [N x Nv] (ldb); Nv and ldb multiples of
+  // width, C overwritten. Any M.
+  void (*gemm_nn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+                  int64_t ldc);
+  // Row log-sum-exp: lse[r] = LSE_j (S[r,j] + add[j]) over j < nc. When E is
+  // given, also E[r,j] = exp(S[r,j] + add[j] - max_r) and z[r] = sum_j E[r,j]
+  // (E may alias S).
+  void (*row_lse)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde,
+                  T* z);
+  // Online column log-sum-exp over a chunk of rows: with per-column state
+  // (cmax, csum) meaning LSE = cmax + log(csum), folds in S[r,j] + radd[r].
+  void (*col_lse_chunk)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum);
+  // cmax[j] = max(cmax[j], max_r S[r,j] + radd[r]).
+  void (*col_max)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax);
+  // E[r,j] = exp(S[r,j] + radd[r] - cmax[j]); csum[j] += E[r,j] (E may alias S).
+  void (*col_exp)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
+                  int64_t lde);
+  // E[r,j] = exp(S[r,j] + radd[r] + cadd[j]) (E may alias S).
+  void (*plan)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cadd, T* E, int64_t lde);
+  // y[i] = exp(x[i]) with the kernels' own exponential (for tests).
+  void (*vexp)(int64_t n, const T* x, T* y);
+};
+
+struct Kernels {
+  KernelTable<float> f32;
+  KernelTable<double> f64;
+};
+
+// One table per instruction set compiled in; nullptr when not compiled.
+const Kernels* kernels_generic();
+const Kernels* kernels_avx2();
+const Kernels* kernels_avx512();
+
+}  // namespace detail
+}  // namespace fast
+}  // namespace asap

@@ -1,0 +1,549 @@
+// Fused kernels, written once with GCC vector extensions and compiled per
+// instruction set. Include only from kernels_<isa>.cpp, after defining
+//   ASAP_VBYTES   vector width in bytes (16, 32, 64)
+//   ASAP_ISA_NS   a namespace name for this copy
+//   ASAP_ISA_NAME its display name
+//   ASAP_NT_MR, ASAP_NT_NV   gemm_nt micro tile: rows x (vectors of columns)
+//   ASAP_NN_MR, ASAP_NN_NV   gemm_nn micro tile
+// Everything here has internal linkage and uses no standard-library inline
+// functions, so nothing compiled for a wide instruction set is shared with
+// (or chosen by the linker for) code that runs on a narrower one.
+#ifndef ASAP_VBYTES
+#error "define ASAP_VBYTES before including kernels_impl.h"
+#endif
+
+#include <cstdint>
+
+#include "fast/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// Intrinsics are always-inline functions that are never emitted out of line,
+// so using them keeps this file free of shareable code.
+#include <immintrin.h>
+#endif
+
+namespace asap {
+namespace fast {
+namespace ASAP_ISA_NS {
+namespace {
+
+template <class T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float V __attribute__((vector_size(ASAP_VBYTES)));
+  typedef uint32_t U __attribute__((vector_size(ASAP_VBYTES)));
+  static constexpr int W = ASAP_VBYTES / 4;
+};
+template <>
+struct Vec<double> {
+  typedef double V __attribute__((vector_size(ASAP_VBYTES)));
+  typedef uint64_t U __attribute__((vector_size(ASAP_VBYTES)));
+  static constexpr int W = ASAP_VBYTES / 8;
+};
+
+template <class To, class From>
+inline To bits_as(const From& f) {
+  static_assert(sizeof(To) == sizeof(From), "bit cast between different sizes");
+  To t;
+  __builtin_memcpy(&t, &f, sizeof(To));
+  return t;
+}
+
+template <class V, class T>
+inline V load(const T* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class T>
+inline void store(T* p, const V& v) {
+  __builtin_memcpy(p, &v, sizeof(V));
+}
+template <class V, class T>
+inline V splat(T x) {
+  return V{} + x;
+}
+template <class V>
+inline V vmax(V a, V b) {
+  return a > b ? a : b;
+}
+template <class V>
+inline V vmin(V a, V b) {
+  return a < b ? a : b;
+}
+template <class T>
+inline T smax(T a, T b) {
+  return a > b ? a : b;
+}
+
+// GCC turns `a > b ? a : b` on vectors into compare + blend unless
+// -ffinite-math-only; the instruction sets' min/max have exactly these
+// semantics (second operand on NaN), so use them where available.
+#if (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 64  // kernels_avx512.cpp (target macros are not defined under #pragma GCC target)
+inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm512_max_ps((__m512)a, (__m512)b); }
+inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm512_min_ps((__m512)a, (__m512)b); }
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm512_max_pd((__m512d)a, (__m512d)b); }
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm512_min_pd((__m512d)a, (__m512d)b); }
+#elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 32  // kernels_avx2.cpp
+inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm256_max_ps((__m256)a, (__m256)b); }
+inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm256_min_ps((__m256)a, (__m256)b); }
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm256_max_pd((__m256d)a, (__m256d)b); }
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm256_min_pd((__m256d)a, (__m256d)b); }
+#elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 16  // SSE2 is baseline on x86-64
+inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm_max_ps((__m128)a, (__m128)b); }
+inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm_min_ps((__m128)a, (__m128)b); }
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm_max_pd((__m128d)a, (__m128d)b); }
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm_min_pd((__m128d)a, (__m128d)b); }
+#endif
+
+template <class T>
+constexpr T neg_inf() {
+  return -__builtin_huge_val();
+}
+
+// Exponentials: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, a
+// polynomial for exp(r) and 2^n assembled in the exponent bits via the
+// "1.5 * 2^p" rounding trick (no float->int conversion, so it vectorises on
+// every instruction set). Inputs are clamped to the normal range: -inf gives
+// the smallest normal number, which callers only ever multiply by 0 or add
+// next to a term equal to 1. Float: Cephes expf polynomial, ~1 ulp. Double:
+// Taylor to degree 13, ~1 ulp on |r| <= ln2/2.
+template <class V, class U>
+inline V exp_f32(V x) {
+  x = vmin(x, V{} + 88.3762626647949f);
+  x = vmax(x, V{} + -87.33654475f);
+  const V shifter = V{} + 12582912.0f;  // 1.5 * 2^23
+  const V t = x * 1.44269504088896341f + shifter;
+  const V n = t - shifter;
+  V r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V p = V{} + 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const V y = p * (r * r) + r + 1.0f;
+  const U e = (bits_as<U>(t) << 23) + (127u << 23);
+  return y * bits_as<V>(e);
+}
+
+template <class V, class U>
+inline V exp_f64(V x) {
+  x = vmin(x, V{} + 709.0);
+  x = vmax(x, V{} + -708.0);
+  const V shifter = V{} + 6755399441055744.0;  // 1.5 * 2^52
+  const V t = x * 1.4426950408889634074 + shifter;
+  const V n = t - shifter;
+  V r = x - n * 6.93145751953125E-1;
+  r = r - n * 1.42860682030941723212E-6;
+  V p = V{} + 1.0 / 6227020800.0;  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  const V y = p * (r * r) + r + 1.0;
+  const U e = (bits_as<U>(t) << 52) + (uint64_t(1023) << 52);
+  return y * bits_as<V>(e);
+}
+
+// Scalar and vector exponentials of either precision.
+inline float sexp(float x) { return exp_f32<float, uint32_t>(x); }
+inline double sexp(double x) { return exp_f64<double, uint64_t>(x); }
+inline Vec<float>::V vexp_v(Vec<float>::V x) { return exp_f32<Vec<float>::V, Vec<float>::U>(x); }
+inline Vec<double>::V vexp_v(Vec<double>::V x) { return exp_f64<Vec<double>::V, Vec<double>::U>(x); }
+inline float slog(float x) { return __builtin_logf(x); }
+inline double slog(double x) { return __builtin_log(x); }
+
+template <class T>
+inline T hsum(typename Vec<T>::V v) {
+  T s = 0;
+  for (int i = 0; i < Vec<T>::W; ++i) s += v[i];
+  return s;
+}
+template <class T>
+inline T hmax(typename Vec<T>::V v) {
+  T s = v[0];
+  for (int i = 1; i < Vec<T>::W; ++i) s = smax(s, v[i]);
+  return s;
+}
+
+// ---------------------------------------------------------------- GEMMs ---
+
+template <class T>
+void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
+  constexpr int NR = ASAP_NT_NV * Vec<T>::W;
+  const int64_t panels = (N + NR - 1) / NR;
+  for (int64_t p = 0; p < panels; ++p) {
+    T* o = out + p * K * NR;
+    for (int jj = 0; jj < NR; ++jj) {
+      const int64_t j = p * NR + jj;
+      if (j < N) {
+        const T* b = B + j * ldb;
+        for (int64_t k = 0; k < K; ++k) o[k * NR + jj] = alpha * b[k];
+      } else {
+        for (int64_t k = 0; k < K; ++k) o[k * NR + jj] = T(0);
+      }
+    }
+  }
+}
+
+template <class T, int MR>
+inline void micro_nt(int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W, NV = ASAP_NT_NV, NR = NV * W;
+  V acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load<V>(bp + k * NR + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const V a = splat<V>(A[r * lda + k]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, acc[r][v]);
+}
+
+template <class T, int MR>
+struct NtRem {
+  static void run(int rem, int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
+    if (rem == MR)
+      micro_nt<T, MR>(K, A, lda, bp, C, ldc);
+    else
+      NtRem<T, MR - 1>::run(rem, K, A, lda, bp, C, ldc);
+  }
+};
+template <class T>
+struct NtRem<T, 0> {
+  static void run(int, int64_t, const T*, int64_t, const T*, T*, int64_t) {}
+};
+
+template <class T>
+void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc) {
+  constexpr int MR = ASAP_NT_MR, NR = ASAP_NT_NV * Vec<T>::W;
+  const int64_t panels = (N + NR - 1) / NR;
+  for (int64_t p = 0; p < panels; ++p) {
+    const T* bp = Bp + p * K * NR;
+    int64_t i = 0;
+    for (; i + MR <= M; i += MR) micro_nt<T, MR>(K, A + i * lda, lda, bp, C + i * ldc + p * NR, ldc);
+    if (i < M) NtRem<T, MR - 1>::run(static_cast<int>(M - i), K, A + i * lda, lda, bp, C + i * ldc + p * NR, ldc);
+  }
+}
+
+template <class T, int MR, int NV>
+inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t j = 0; j < N; ++j) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load<V>(B + j * ldb + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const V a = splat<V>(A[r * lda + j]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, acc[r][v]);
+}
+
+template <class T, int MR, int NV>
+struct NnRem {
+  static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+    if (rem == MR)
+      micro_nn<T, MR, NV>(N, A, lda, B, ldb, C, ldc);
+    else
+      NnRem<T, MR - 1, NV>::run(rem, N, A, lda, B, ldb, C, ldc);
+  }
+};
+template <class T, int NV>
+struct NnRem<T, 0, NV> {
+  static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t) {}
+};
+
+template <class T, int NV>
+void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  constexpr int MR = ASAP_NN_MR;
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR) micro_nn<T, MR, NV>(N, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  if (i < M) NnRem<T, MR - 1, NV>::run(static_cast<int>(M - i), N, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+}
+
+template <class T, int NV>
+struct NnVecRem {
+  static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+                  int64_t ldc) {
+    if (nv == NV)
+      nn_cols<T, NV>(M, N, A, lda, B, ldb, C, ldc);
+    else
+      NnVecRem<T, NV - 1>::run(nv, M, N, A, lda, B, ldb, C, ldc);
+  }
+};
+template <class T>
+struct NnVecRem<T, 0> {
+  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t) {}
+};
+
+template <class T>
+void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+             int64_t ldc) {
+  constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
+  const int64_t nvec = Nv / W;
+  int64_t v = 0;
+  for (; v + NV <= nvec; v += NV) nn_cols<T, NV>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc);
+  if (v < nvec) NnVecRem<T, NV - 1>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc);
+}
+
+// ---------------------------------------------------- log-sum-exp passes ---
+
+template <class T>
+void row_lse(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde, T* z) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = S + r * lds;
+    V m0 = splat<V>(neg_inf<T>()), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j = 0;
+    for (; j + 4 * W <= nc; j += 4 * W) {
+      m0 = vmax(m0, load<V>(s + j) + load<V>(add + j));
+      m1 = vmax(m1, load<V>(s + j + W) + load<V>(add + j + W));
+      m2 = vmax(m2, load<V>(s + j + 2 * W) + load<V>(add + j + 2 * W));
+      m3 = vmax(m3, load<V>(s + j + 3 * W) + load<V>(add + j + 3 * W));
+    }
+    for (; j + W <= nc; j += W) m0 = vmax(m0, load<V>(s + j) + load<V>(add + j));
+    T m = hmax<T>(vmax(vmax(m0, m1), vmax(m2, m3)));
+    for (; j < nc; ++j) m = smax(m, s[j] + add[j]);
+    if (!(m > neg_inf<T>())) {  // no finite entry: LSE = -inf, zero weights
+      lse[r] = neg_inf<T>();
+      if (z) z[r] = T(0);
+      if (E)
+        for (int64_t jj = 0; jj < nc; ++jj) E[r * lde + jj] = T(0);
+      continue;
+    }
+    const V mv = splat<V>(m);
+    V z0 = V{}, z1 = V{};
+    j = 0;
+    if (E) {
+      T* e = E + r * lde;
+      for (; j + 2 * W <= nc; j += 2 * W) {
+        const V x0 = vexp_v(load<V>(s + j) + load<V>(add + j) - mv);
+        const V x1 = vexp_v(load<V>(s + j + W) + load<V>(add + j + W) - mv);
+        store(e + j, x0);
+        store(e + j + W, x1);
+        z0 += x0;
+        z1 += x1;
+      }
+      for (; j + W <= nc; j += W) {
+        const V x0 = vexp_v(load<V>(s + j) + load<V>(add + j) - mv);
+        store(e + j, x0);
+        z0 += x0;
+      }
+      T zs = hsum<T>(z0 + z1);
+      for (; j < nc; ++j) {
+        const T x = sexp(s[j] + add[j] - m);
+        e[j] = x;
+        zs += x;
+      }
+      lse[r] = m + slog(zs);
+      if (z) z[r] = zs;
+    } else {
+      for (; j + 2 * W <= nc; j += 2 * W) {
+        z0 += vexp_v(load<V>(s + j) + load<V>(add + j) - mv);
+        z1 += vexp_v(load<V>(s + j + W) + load<V>(add + j + W) - mv);
+      }
+      for (; j + W <= nc; j += W) z0 += vexp_v(load<V>(s + j) + load<V>(add + j) - mv);
+      T zs = hsum<T>(z0 + z1);
+      for (; j < nc; ++j) zs += sexp(s[j] + add[j] - m);
+      lse[r] = m + slog(zs);
+      if (z) z[r] = zs;
+    }
+  }
+}
+
+// Column passes work on blocks of NB vectors of columns, rows inner, so the
+// block's slice of the chunk stays in L1 between the max and the exp sweep.
+constexpr int kColBlock = 4;
+
+template <class T, int NB>
+inline void col_lse_block(int64_t rows, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V cm[NB];
+  for (int b = 0; b < NB; ++b) cm[b] = splat<V>(neg_inf<T>());
+  for (int64_t r = 0; r < rows; ++r) {
+    const V a = splat<V>(radd[r]);
+    const T* s = S + r * lds;
+    for (int b = 0; b < NB; ++b) cm[b] = vmax(cm[b], load<V>(s + b * W) + a);
+  }
+  V M[NB], Z[NB];
+  for (int b = 0; b < NB; ++b) {
+    const V old = load<V>(cmax + b * W);
+    M[b] = vmax(old, cm[b]);
+    // Rescale the running sum to the new maximum (old = -inf: sum is 0).
+    Z[b] = load<V>(csum + b * W) * vexp_v(old - M[b]);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const V a = splat<V>(radd[r]);
+    const T* s = S + r * lds;
+    for (int b = 0; b < NB; ++b) Z[b] += vexp_v(load<V>(s + b * W) + a - M[b]);
+  }
+  for (int b = 0; b < NB; ++b) {
+    store(cmax + b * W, M[b]);
+    store(csum + b * W, Z[b]);
+  }
+}
+
+template <class T>
+void col_lse_chunk(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
+  constexpr int W = Vec<T>::W;
+  if (rows <= 0) return;
+  int64_t j = 0;
+  for (; j + kColBlock * W <= nc; j += kColBlock * W)
+    col_lse_block<T, kColBlock>(rows, S + j, lds, radd, cmax + j, csum + j);
+  for (; j + W <= nc; j += W) col_lse_block<T, 1>(rows, S + j, lds, radd, cmax + j, csum + j);
+  for (; j < nc; ++j) {
+    T m = neg_inf<T>();
+    for (int64_t r = 0; r < rows; ++r) m = smax(m, S[r * lds + j] + radd[r]);
+    const T M = smax(cmax[j], m);
+    T Z = csum[j] * sexp(cmax[j] - M);
+    for (int64_t r = 0; r < rows; ++r) Z += sexp(S[r * lds + j] + radd[r] - M);
+    cmax[j] = M;
+    csum[j] = Z;
+  }
+}
+
+template <class T>
+void col_max(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  int64_t j = 0;
+  for (; j + kColBlock * W <= nc; j += kColBlock * W) {
+    V cm[kColBlock];
+    for (int b = 0; b < kColBlock; ++b) cm[b] = load<V>(cmax + j + b * W);
+    for (int64_t r = 0; r < rows; ++r) {
+      const V a = splat<V>(radd[r]);
+      const T* s = S + r * lds + j;
+      for (int b = 0; b < kColBlock; ++b) cm[b] = vmax(cm[b], load<V>(s + b * W) + a);
+    }
+    for (int b = 0; b < kColBlock; ++b) store(cmax + j + b * W, cm[b]);
+  }
+  for (; j + W <= nc; j += W) {
+    V cm = load<V>(cmax + j);
+    for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, load<V>(S + r * lds + j) + radd[r]);
+    store(cmax + j, cm);
+  }
+  for (; j < nc; ++j) {
+    T m = cmax[j];
+    for (int64_t r = 0; r < rows; ++r) m = smax(m, S[r * lds + j] + radd[r]);
+    cmax[j] = m;
+  }
+}
+
+template <class T>
+void col_exp(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
+             int64_t lde) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  int64_t j = 0;
+  for (; j + kColBlock * W <= nc; j += kColBlock * W) {
+    V M[kColBlock], Z[kColBlock];
+    for (int b = 0; b < kColBlock; ++b) {
+      M[b] = load<V>(cmax + j + b * W);
+      Z[b] = load<V>(csum + j + b * W);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const V a = splat<V>(radd[r]);
+      const T* s = S + r * lds + j;
+      T* e = E + r * lde + j;
+      for (int b = 0; b < kColBlock; ++b) {
+        const V x = vexp_v(load<V>(s + b * W) + a - M[b]);
+        store(e + b * W, x);
+        Z[b] += x;
+      }
+    }
+    for (int b = 0; b < kColBlock; ++b) store(csum + j + b * W, Z[b]);
+  }
+  for (; j + W <= nc; j += W) {
+    const V M = load<V>(cmax + j);
+    V Z = load<V>(csum + j);
+    for (int64_t r = 0; r < rows; ++r) {
+      const V x = vexp_v(load<V>(S + r * lds + j) + radd[r] - M);
+      store(E + r * lde + j, x);
+      Z += x;
+    }
+    store(csum + j, Z);
+  }
+  for (; j < nc; ++j) {
+    T Z = csum[j];
+    for (int64_t r = 0; r < rows; ++r) {
+      const T x = sexp(S[r * lds + j] + radd[r] - cmax[j]);
+      E[r * lde + j] = x;
+      Z += x;
+    }
+    csum[j] = Z;
+  }
+}
+
+template <class T>
+void plan(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cadd, T* E, int64_t lde) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = S + r * lds;
+    T* e = E + r * lde;
+    const V a = splat<V>(radd[r]);
+    int64_t j = 0;
+    for (; j + 2 * W <= nc; j += 2 * W) {
+      store(e + j, vexp_v(load<V>(s + j) + a + load<V>(cadd + j)));
+      store(e + j + W, vexp_v(load<V>(s + j + W) + a + load<V>(cadd + j + W)));
+    }
+    for (; j + W <= nc; j += W) store(e + j, vexp_v(load<V>(s + j) + a + load<V>(cadd + j)));
+    for (; j < nc; ++j) e[j] = sexp(s[j] + radd[r] + cadd[j]);
+  }
+}
+
+template <class T>
+void vexp(int64_t n, const T* x, T* y) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(y + i, vexp_v(load<V>(x + i)));
+  for (; i < n; ++i) y[i] = sexp(x[i]);
+}
+
+template <class T>
+constexpr detail::KernelTable<T> make_table() {
+  return detail::KernelTable<T>{ASAP_ISA_NAME,
+                                ASAP_NT_MR,
+                                ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,
+                                &pack_b<T>,
+                                &gemm_nt<T>,
+                                &gemm_nn<T>,
+                                &row_lse<T>,
+                                &col_lse_chunk<T>,
+                                &col_max<T>,
+                                &col_exp<T>,
+                                &plan<T>,
+                                &vexp<T>};
+}
+
+constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
+
+}  // namespace
+}  // namespace ASAP_ISA_NS
+}  // namespace fast
+}  // namespace asap

@@ -1,0 +1,429 @@
+// The fused CPU fast path (asap/fast.h) against the ATen reference path:
+// teacher, features, compiled operator and ESP attention, on random inputs
+// with and without padding, both mask conventions, every instruction set the
+// CPU has, heads-parallel and within-head strategies, stored and recomputed
+// score tiles.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "asap/error.h"
+#include "asap/fast.h"
+#include "asap/features.h"
+#include "asap/operator.h"
+#include "asap/runtime.h"
+#include "fast/common.h"
+#include "fast/sort.h"
+#include "test_util.h"
+
+namespace {
+
+// max |a - b| / max(1, max |b|), equal infinities counting as equal.
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  REQUIRE(a.defined());
+  REQUIRE(b.defined());
+  auto x = a.to(at::kDouble).contiguous(), y = b.to(at::kDouble).contiguous();
+  REQUIRE(x.sizes() == y.sizes());
+  auto both_inf = at::isinf(x) & at::isinf(y) & (x.sign() == y.sign());
+  auto d = (x - y).abs().masked_fill(both_inf, 0.0);
+  if (!d.numel()) return 0.0;
+  auto finite = y.masked_fill(at::isinf(y), 0.0).abs();
+  const double scale = std::max(1.0, finite.max().item<double>());
+  const double e = d.max().item<double>() / scale;
+  return std::isnan(e) ? 1e300 : e;
+}
+
+double tol_of(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 1e-10; }
+
+#define CHECK_REL(a, b, tol)                                                     \
+  do {                                                                           \
+    const double fast_err_ = rel_err((a), (b));                                  \
+    CHECK_MESSAGE(fast_err_ <= (tol), "relative error " << fast_err_ << " > " << (tol)); \
+  } while (0)
+
+at::Tensor make_mask(int64_t B, int64_t n, int seed) {
+  auto m = at::ones({B, n}, at::kBool);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t keep = std::max<int64_t>(1, n - (b * 7 + seed) % std::max<int64_t>(1, n));
+    if (keep < n) m[b].slice(0, keep).fill_(false);
+  }
+  // An interior hole too, when there is room.
+  if (n >= 6) m[0][n / 3] = false;
+  return m;
+}
+
+struct Config {
+  std::string name;
+  asap::fast::Tuning tuning;
+  int threads = 1;  // at::set_num_threads for the call (LibTorch may default to 1)
+};
+
+std::vector<Config> configs() {
+  std::vector<Config> out;
+  for (const auto& isa : asap::fast::available_isas()) {
+    asap::fast::Tuning t;
+    t.isa = isa;
+    out.push_back({isa + "/auto/1 thread", t, 1});
+  }
+  asap::fast::Tuning t;
+  out.push_back({"auto/3 threads", t, 3});
+  t.strategy = asap::fast::Strategy::kWithinHead;
+  out.push_back({"within-head/store/2 threads", t, 2});
+  t.store_scores = 0;
+  t.chunk_rows = 7;
+  out.push_back({"within-head/recompute/3 threads", t, 3});
+  t.strategy = asap::fast::Strategy::kHeadParallel;
+  out.push_back({"heads/recompute/2 threads", t, 2});
+  t.isa = "generic";
+  out.push_back({"generic/heads/recompute/1 thread", t, 1});
+  return out;
+}
+
+// Sets LibTorch's intra-op threads for a scope.
+struct Threads {
+  explicit Threads(int n) : old_(at::get_num_threads()) { at::set_num_threads(n); }
+  ~Threads() { at::set_num_threads(old_); }
+  int old_;
+};
+
+}  // namespace
+
+TEST_CASE("fast: exponential kernels are accurate on every instruction set") {
+  auto xf = at::linspace(-87.0, 88.0, 20001, at::kDouble);
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    auto x32 = xf.to(at::kFloat).contiguous();
+    auto y32 = at::empty_like(x32);
+    K.f32.vexp(x32.numel(), x32.data_ptr<float>(), y32.data_ptr<float>());
+    auto ref32 = at::exp(x32.to(at::kDouble));
+    CHECK(((y32.to(at::kDouble) - ref32).abs() / ref32).max().item<double>() < 3e-7);
+    auto x64 = at::linspace(-700.0, 700.0, 20001, at::kDouble);
+    auto y64 = at::empty_like(x64);
+    K.f64.vexp(x64.numel(), x64.data_ptr<double>(), y64.data_ptr<double>());
+    auto ref64 = at::exp(x64);
+    CHECK(((y64 - ref64).abs() / ref64).max().item<double>() < 1e-15);
+    // -inf gives a (tiny) non-negative number, never NaN.
+    float ninf = -std::numeric_limits<float>::infinity(), out = -1;
+    K.f32.vexp(1, &ninf, &out);
+    CHECK(out >= 0.0f);
+    CHECK(out < 1e-37f);
+  }
+}
+
+TEST_CASE("fast: radix sort is a stable sort with ties by index") {
+  at::manual_seed(3);
+  asap::fast::detail::SortScratch<float> s32;
+  asap::fast::detail::SortScratch<double> s64;
+  std::vector<int32_t> order;
+  for (int64_t m : {1, 2, 5, 47, 48, 49, 300, 2000}) {
+    CAPTURE(m);
+    // Few distinct values (many ties), signed zeros and negatives.
+    auto v = (at::randint(-4, 5, {m}, at::kDouble) * 0.5).contiguous();
+    if (m > 3) v[1] = -0.0, v[2] = 0.0;
+    std::vector<int32_t> expect(m);
+    std::iota(expect.begin(), expect.end(), 0);
+    const double* p = v.data_ptr<double>();
+    std::stable_sort(expect.begin(), expect.end(), [p](int32_t a, int32_t b) { return p[a] < p[b]; });
+    asap::fast::detail::sort_order<double>(m, [p](int64_t r) { return p[r]; }, s64, order);
+    CHECK(order == expect);
+    auto vf = v.to(at::kFloat).contiguous();
+    const float* pf = vf.data_ptr<float>();
+    asap::fast::detail::sort_order<float>(m, [pf](int64_t r) { return pf[r]; }, s32, order);
+    CHECK(order == expect);
+    // The packed (key, position) sort and the values-only sort.
+    std::vector<double> sorted(m), values(m);
+    asap::fast::detail::sorted_with_order(m, pf, s32, order, sorted.data());
+    CHECK(order == expect);
+    asap::fast::detail::sorted_values<float>(m, pf, s32, values.data());
+    for (int64_t r = 0; r < m; ++r) {
+      CHECK(sorted[r] == static_cast<double>(pf[expect[r]]));
+      CHECK(values[r] == sorted[r]);
+    }
+    asap::fast::detail::sorted_with_order(m, p, s64, order, sorted.data());
+    CHECK(order == expect);
+    asap::fast::detail::sorted_values<double>(m, p, s64, values.data());
+    for (int64_t r = 0; r < m; ++r) CHECK(values[r] == p[expect[r]]);
+    auto r = at::randn({m}, at::kFloat).contiguous();
+    const float* pr = r.data_ptr<float>();
+    std::iota(expect.begin(), expect.end(), 0);
+    std::stable_sort(expect.begin(), expect.end(), [pr](int32_t a, int32_t b) { return pr[a] < pr[b]; });
+    asap::fast::detail::sort_order<float>(m, [pr](int64_t i) { return pr[i]; }, s32, order);
+    CHECK(order == expect);
+    asap::fast::detail::sorted_with_order(m, pr, s32, order, sorted.data());
+    CHECK(order == expect);
+  }
+}
+
+TEST_CASE("fast: the library is built so that at::parallel_for runs in parallel") {
+  WARN_MESSAGE(asap::fast::parallel_build(),
+               "at::parallel_for is serial in this build: link the asap target with OpenMP::OpenMP_CXX");
+}
+
+TEST_CASE("fast: teacher matches the reference (dtypes, masks, conventions, budgets, strategies)") {
+  at::manual_seed(17);
+  int seed = 0;
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    for (int64_t n : {1, 2, 9, 37, 130}) {
+      for (bool masked : {false, true}) {
+        for (bool drop : {false, true}) {
+          if (drop && !masked) continue;
+          const int64_t B = 2, H = 3, d = 8, dv = 5;
+          auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
+          auto v = at::randn({B, H, n, dv}, dtype);
+          auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
+          asap::Convention c;
+          c.drop_padded_queries = drop;
+          c.eps = (n % 2 == 0) ? 0.7 : 1.0;
+          c.multiply_by_n = n != 37;
+          const double scale = 1.0 / std::sqrt(static_cast<double>(d)) * (n == 130 ? 2.0 : 1.0);
+          for (int T = 1; T <= 9; ++T) {
+            auto ref = asap::run_teacher(q, k, v, mask, scale, T, c, true);
+            for (const auto& cfg : configs()) {
+              CAPTURE(dtype);
+              CAPTURE(n);
+              CAPTURE(masked);
+              CAPTURE(drop);
+              CAPTURE(T);
+              CAPTURE(cfg.name);
+              Threads th(cfg.threads);
+              auto r = asap::fast::teacher(q, k, v, mask, scale, T, c, true, cfg.tuning);
+              const double tol = tol_of(dtype);
+              CHECK_REL(r.A, ref.A, tol);
+              CHECK_REL(r.O, ref.O, tol);
+              CHECK_REL(r.f, ref.f, tol);
+              CHECK_REL(r.g, ref.g, tol);
+              CHECK(r.f_star.defined() == ref.f_star.defined());
+              if (ref.f_star.defined()) {
+                CHECK_REL(r.f_star, ref.f_star, tol);
+                CHECK_REL(r.phi_bar_star, ref.phi_bar_star, tol);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn normalizer") {
+  at::manual_seed(5);
+  auto q = at::randn({1, 4, 300, 16}), k = at::randn({1, 4, 300, 16}), v = at::randn({1, 4, 300, 16});
+  asap::Convention c;
+  const double s = 0.25;
+  auto ref = asap::run_teacher(q, k, v, at::Tensor(), s, 6, c, false);
+  auto r = asap::fast::teacher(q, k, v, at::Tensor(), s, 6, c, false);
+  CHECK_FALSE(r.A.defined());
+  CHECK_REL(r.O, ref.O, 1e-5);
+  auto r2 = asap::fast::teacher(q, k, at::Tensor(), at::Tensor(), s, 5, c, true);
+  auto ref2 = asap::run_teacher(q, k, at::Tensor(), at::Tensor(), s, 5, c, true);
+  CHECK_FALSE(r2.O.defined());
+  CHECK_REL(r2.A, ref2.A, 1e-5);
+  CHECK_REL(r2.phi_bar_star, ref2.phi_bar_star, 1e-5);
+  auto r3 = asap::fast::sinkhorn_normalizer(q, k, v, at::Tensor(), s, 3, c);
+  auto ref3 = asap::run_teacher(q, k, v, at::Tensor(), s, 3, c, false);
+  CHECK_REL(r3.O, ref3.O, 1e-5);
+  // Errors keep the reference's messages.
+  CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::Tensor(), s, 0, c), asap::Error);
+  CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::zeros({1, 300}, at::kBool), s, 2, c), asap::Error);
+  CHECK_THROWS_AS(asap::fast::teacher(q, k.slice(2, 0, 10), v, at::Tensor(), s, 2, c), asap::Error);
+}
+
+TEST_CASE("fast: features match the reference (families, masks, ties)") {
+  at::manual_seed(23);
+  std::vector<asap::FeatureFamily> fams(4);
+  fams[0].slices = 16;
+  fams[1].slices = 16, fams[1].alpha = true;
+  fams[2].slices = 16, fams[2].alpha = true, fams[2].softmax_dual = true;
+  fams[3].alpha = true, fams[3].softmax_dual = true;
+  const int64_t d = 6;
+  auto bank = asap::make_slice_bank(d, 16, 99);
+  // Axis-aligned slices on integer data: exact ties in every projection.
+  auto axes = at::zeros({d, 16}, at::kDouble);
+  for (int64_t l = 0; l < 16; ++l) axes[l % d][l] = 1.0;
+  int seed = 0;
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    for (int64_t n : {1, 3, 40, 97}) {
+      for (int tie : {0, 1}) {
+        for (bool masked : {false, true}) {
+          for (bool drop : {false, true}) {
+            if (drop && !masked) continue;
+            const int64_t B = 2, H = 2;
+            auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
+            if (tie) {
+              q = at::round(q * 2), k = at::round(k * 2);
+              if (n > 4) q.select(2, 1).copy_(q.select(2, 3)), k.select(2, 0).copy_(k.select(2, 2));
+            }
+            auto theta = tie ? axes : bank;
+            auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
+            const double scale = 1.0 / std::sqrt(static_cast<double>(d)), eps = 0.8;
+            auto m = asap::log_marginals(mask, B, n, drop, dtype, at::kCPU);
+            for (const auto& fam : fams) {
+              auto ref = asap::build_features(q, k, m, theta, fam, scale, eps);
+              for (const auto& cfg : configs()) {
+                CAPTURE(dtype);
+                CAPTURE(n);
+                CAPTURE(tie);
+                CAPTURE(masked);
+                CAPTURE(drop);
+                CAPTURE(fam.name());
+                CAPTURE(cfg.name);
+                Threads th(cfg.threads);
+                auto r = asap::fast::build_features(q, k, mask, drop, theta, fam, scale, eps, cfg.tuning);
+                CHECK_REL(r, ref, tol_of(dtype));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+asap::CompiledLayer make_layer(int64_t H, int64_t d, const asap::FeatureFamily& fam, bool per_head, bool drop,
+                               int T, double eps, bool mult) {
+  asap::CompiledLayer L;
+  L.spec.name = "fast.layer";
+  L.spec.layout = asap::ProjLayout::kNone;
+  L.spec.heads = H;
+  L.spec.head_dim = d;
+  L.spec.value_dim = d;
+  L.spec.score_scale = 1.0 / std::sqrt(static_cast<double>(d));
+  L.spec.eps = eps;
+  L.spec.T = T;
+  L.spec.mask = drop ? asap::MaskConvention::kDropQueries : asap::MaskConvention::kKeepQueries;
+  L.spec.multiply_by_n = mult;
+  L.theta = asap::make_slice_bank(d, 24, 7);
+  L.family = fam;
+  L.per_head = per_head;
+  L.coef = at::randn({per_head ? H : 1, fam.num_columns()}, at::kDouble) * 0.3;
+  L.default_closures = T % 2 == 0 ? 3 : 2;
+  return L;
+}
+}  // namespace
+
+TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled and per-head)") {
+  at::manual_seed(41);
+  std::vector<asap::FeatureFamily> fams(3);
+  fams[0].slices = 12;
+  fams[1].slices = 24, fams[1].alpha = true;
+  fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
+  int seed = 0;
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    for (int64_t n : {1, 5, 64, 150}) {
+      for (bool masked : {false, true}) {
+        for (bool drop : {false, true}) {
+          if (drop && !masked) continue;
+          for (size_t fi = 0; fi < fams.size(); ++fi) {
+            for (bool per_head : {false, true}) {
+              const int64_t B = 2, H = 3, d = 8;
+              const int T = (fi + per_head) % 2 == 0 ? 6 : 5;
+              auto L = make_layer(H, d, fams[fi], per_head, drop, T, fi == 1 ? 0.6 : 1.0, !(fi == 2 && per_head));
+              auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
+              auto v = at::randn({B, H, n, d}, dtype);
+              auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
+              for (int kc = 0; kc <= 5; ++kc) {
+                asap::RunOptions o;
+                o.closures = kc;
+                o.return_attention = true;
+                auto ref = asap::run_layer(L, q, k, v, mask, o);
+                for (const auto& cfg : configs()) {
+                  CAPTURE(dtype);
+                  CAPTURE(n);
+                  CAPTURE(masked);
+                  CAPTURE(drop);
+                  CAPTURE(fams[fi].name());
+                  CAPTURE(per_head);
+                  CAPTURE(kc);
+                  CAPTURE(cfg.name);
+                  Threads th(cfg.threads);
+                  auto r = asap::fast::asap_layer(L, q, k, v, mask, kc, true, cfg.tuning);
+                  const double tol = tol_of(dtype);
+                  CHECK_REL(r.phi_hat, ref.phi_hat, tol);
+                  CHECK_REL(r.out, ref.out, tol);
+                  CHECK_REL(r.attention, ref.attention, tol);
+                }
+              }
+              auto no_att = asap::fast::asap_layer(L, q, k, v, mask);
+              CHECK_FALSE(no_att.attention.defined());
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float32)") {
+  at::manual_seed(8);
+  const int64_t n = 300, d = 32;
+  auto q = at::randn({1, 1, n, d}), k = at::randn({1, 1, n, d}), v = at::randn({1, 1, n, d});
+  asap::Convention c;
+  const double s = 1.0 / std::sqrt(32.0);
+  auto ref = asap::run_teacher(q, k, v, at::Tensor(), s, 10, c, true);
+  for (const auto& cfg : configs()) {
+    CAPTURE(cfg.name);
+    Threads th(cfg.threads);
+    auto r = asap::fast::teacher(q, k, v, at::Tensor(), s, 10, c, true, cfg.tuning);
+    CHECK_REL(r.A, ref.A, 1e-5);
+    CHECK_REL(r.O, ref.O, 1e-5);
+    CHECK_REL(r.phi_bar_star, ref.phi_bar_star, 1e-5);
+  }
+  asap::FeatureFamily fam;
+  fam.slices = 24, fam.alpha = true, fam.softmax_dual = true;
+  auto L = make_layer(1, d, fam, false, false, 6, 1.0, true);
+  asap::RunOptions o;
+  o.return_attention = true;
+  auto lref = asap::run_layer(L, q, k, v, at::Tensor(), o);
+  auto lr = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, true);
+  CHECK_REL(lr.out, lref.out, 1e-5);
+  CHECK_REL(lr.attention, lref.attention, 1e-5);
+}
+
+TEST_CASE("fast: ESP hard-sort attention matches a direct implementation") {
+  at::manual_seed(12);
+  const int64_t B = 2, H = 2, n = 50, d = 4, dv = 3;
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype), v = at::randn({B, H, n, dv}, dtype);
+    auto theta = asap::make_slice_bank(d, 5, 3);
+    const double s = 0.5, tau = 2.0;
+    at::Tensor O;
+    {
+      Threads th(2);
+      O = asap::fast::esp_attention(q, k, v, theta, s, tau);
+    }
+    // Direct: A = n sum_l w_l U_l with U_l the sorted matching of slice l.
+    auto th = theta.to(dtype) * std::sqrt(s);
+    auto X = at::matmul(q, th), Y = at::matmul(k, th);  // [B,H,n,L]
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<at::Tensor> perms;
+        std::vector<double> D;
+        for (int64_t l = 0; l < theta.size(1); ++l) {
+          auto ox = std::get<1>(X[b][h].select(1, l).sort(c10::optional<bool>(true), 0, false));
+          auto oy = std::get<1>(Y[b][h].select(1, l).sort(c10::optional<bool>(true), 0, false));
+          auto sigma = at::empty({n}, at::kLong);
+          sigma.index_put_({ox}, oy);
+          auto kq = k[b][h].index_select(0, sigma);
+          D.push_back((0.5 * s * (q[b][h] - kq).pow(2).sum(-1)).mean().item<double>());
+          perms.push_back(sigma);
+        }
+        const double dmin = *std::min_element(D.begin(), D.end());
+        double wsum = 0;
+        for (double x : D) wsum += std::exp(-tau * (x - dmin));
+        auto expect = at::zeros({n, dv}, dtype);
+        for (size_t l = 0; l < perms.size(); ++l)
+          expect += std::exp(-tau * (D[l] - dmin)) / wsum * v[b][h].index_select(0, perms[l]);
+        CHECK_REL(O[b][h], expect, dtype == at::kFloat ? 1e-5 : 1e-10);
+      }
+    }
+  }
+}

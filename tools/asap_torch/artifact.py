@@ -1,0 +1,137 @@
+"""Reading an asapc artifact (docs/artifact-format.md) with h5py.
+
+The pure-PyTorch operator (reference.py) needs the teacher conventions, the
+slice bank, the feature family and the coefficients of each compiled layer;
+the custom operator reads the same file itself in C++. Checks here are the
+ones the Python side relies on; the C++ reader validates everything.
+"""
+import json
+import os
+
+import numpy as np
+
+FORMAT = "asapc-artifact"
+READABLE_VERSIONS = (1, 2)
+FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3")
+
+
+class ArtifactError(ValueError):
+    """An artifact that cannot be used; the message names the file and field."""
+
+
+def _s(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, np.ndarray) and v.shape == ():
+        return _s(v[()])
+    return str(v)
+
+
+class LayerParams:
+    """One compiled layer: conventions, feature family and coefficients.
+
+    Attributes: name, heads, head_dim, value_dim, d_model, score_scale, eps,
+    T, mask ('keep_queries' | 'drop_queries'), multiply_by_n, slices, alpha,
+    softmax_dual, sinkhorn_dual3 (the feature family), per_head,
+    default_closures, theta (float64 numpy [head_dim, S]), coef (float64
+    numpy [heads or 1, P]), weights (dict of numpy arrays wq, bq, ... or
+    None), fit (dict).
+    """
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    @property
+    def drop_queries(self):
+        return self.mask == "drop_queries"
+
+    @property
+    def family_name(self):
+        parts = ["L%d" % self.slices] if self.slices else []
+        parts += [n for n, on in (("alpha", self.alpha), ("softmax", self.softmax_dual),
+                                  ("sinkhorn3", self.sinkhorn_dual3)) if on]
+        return "+".join(parts) or "empty"
+
+    @property
+    def num_columns(self):
+        return self.slices + int(self.alpha) + int(self.softmax_dual) + int(self.sinkhorn_dual3)
+
+    @property
+    def feature_passes(self):
+        return 3 if self.sinkhorn_dual3 else 1 if self.softmax_dual else 0
+
+    def __repr__(self):
+        return ("LayerParams(%r, heads=%d, head_dim=%d, T=%d, family=%s%s, k=%d)"
+                % (self.name, self.heads, self.head_dim, self.T, self.family_name,
+                   "/per-head" if self.per_head else "/pooled", self.default_closures))
+
+
+def read_artifact(path):
+    """(root attributes dict, [LayerParams] in file order)."""
+    import h5py
+    if not os.path.isfile(path):
+        raise ArtifactError("artifact '%s' does not exist" % path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ArtifactError("artifact '%s' is not a readable HDF5 file (%s)" % (path, e))
+    with f:
+        fmt = _s(f.attrs.get("format", ""))
+        if fmt != FORMAT:
+            raise ArtifactError("'%s' is not an asapc artifact (format attribute %r)" % (path, fmt))
+        version = int(f.attrs.get("format_version", 0))
+        if version not in READABLE_VERSIONS:
+            raise ArtifactError("artifact '%s' has format_version %d but asap_torch reads versions "
+                                "%d to %d" % (path, version, READABLE_VERSIONS[0],
+                                              READABLE_VERSIONS[-1]))
+        root = {k: (_s(v) if isinstance(v, (bytes, str)) else v.item() if hasattr(v, "item") else v)
+                for k, v in f.attrs.items()}
+        if "layers" not in f:
+            raise ArtifactError("artifact '%s' has no /layers group" % path)
+        layers = []
+        for key in sorted(f["layers"], key=int):
+            g = f["layers"][key]
+            where = "artifact '%s' layer group %s" % (path, key)
+            a = g.attrs
+            try:
+                feats = [_s(x) for x in np.atleast_1d(a["features"])]
+                unknown = [x for x in feats if x not in FEATURE_GROUPS]
+                if unknown:
+                    raise ArtifactError("%s: unknown feature group(s) %s" % (where, unknown))
+                slices = int(a["slices"])
+                theta = np.asarray(g["theta"][()], dtype=np.float64)
+                coef = np.asarray(g["coef"][()], dtype=np.float64)
+                fit = {}
+                if "fit_json" in g:
+                    try:
+                        fit = json.loads(_s(g["fit_json"][()]))
+                    except ValueError:
+                        fit = {"raw": _s(g["fit_json"][()])}
+                weights = None
+                if "weights" in g:
+                    weights = {k: np.asarray(g["weights"][k][()]) for k in g["weights"]}
+                p = LayerParams(
+                    name=_s(a["name"]), layout=_s(a["layout"]), heads=int(a["heads"]),
+                    head_dim=int(a["head_dim"]), value_dim=int(a["value_dim"]),
+                    d_model=int(a["d_model"]), score_scale=float(a["score_scale"]),
+                    eps=float(a["eps"]), T=int(a["T"]), mask=_s(a["mask"]),
+                    multiply_by_n=bool(int(a["multiply_by_n"])), head_layout=_s(a["head_layout"]),
+                    qkv_order=_s(a.get("qkv_order", "qkv")) or "qkv", artifact_path=path,
+                    slices=slices, alpha="alpha" in feats, softmax_dual="softmax_dual" in feats,
+                    sinkhorn_dual3="sinkhorn_dual3" in feats, per_head=bool(int(a["per_head"])),
+                    default_closures=int(a["default_closures"]), theta=theta, coef=coef,
+                    weights=weights, fit=fit)
+            except KeyError as e:
+                raise ArtifactError("%s: missing field %s" % (where, e))
+            if theta.ndim != 2 or theta.shape[0] != p.head_dim or theta.shape[1] < slices:
+                raise ArtifactError("%s ('%s'): theta has shape %s, expected [%d, >= %d]"
+                                    % (where, p.name, theta.shape, p.head_dim, slices))
+            want = (p.heads if p.per_head else 1, p.num_columns)
+            if coef.shape != want:
+                raise ArtifactError("%s ('%s'): coef has shape %s, expected %s"
+                                    % (where, p.name, coef.shape, want))
+            layers.append(p)
+        names = [p.name for p in layers]
+        if len(set(names)) != len(names):
+            raise ArtifactError("artifact '%s' names a layer twice" % path)
+        return root, layers

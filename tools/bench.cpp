@@ -1,0 +1,517 @@
+// asap_bench -- latency and peak memory of asapc's operators against their
+// baselines, measured in one run with the same threads (issue 9).
+//
+//   asap_bench [--quick] [--json out.json] [--threads N] [--n 512,1024]
+//              [--bh 1x4,4x4] [--T 6,10,20] [--d 64] [--reps 5] [--no-mem]
+//              [--ref-max-n 2048] [--pytorch] [--pytorch-max-n 2048]
+//              [--wait-policy passive|active] [--keep-blas]
+//
+// Threads: every runtime gets the same count (--threads, default all
+// cores): the program re-executes itself once with OMP_NUM_THREADS and
+// OPENBLAS_NUM_THREADS set, and OMP_WAIT_POLICY=PASSIVE unless told
+// otherwise (spinning OpenMP workers steal cores on a shared machine; see
+// docs/decisions.md). LibTorch's own default here is 1 thread.
+//
+// Per configuration (n, B x H) every operator is warmed up once, then timed
+// `reps` times in round-robin order (op1, op2, ..., op1, op2, ...) so that
+// drift in machine load hits all of them alike; the report gives medians of
+// wall time, and of the process CPU time (all threads, getrusage), which
+// time-slicing by other processes does not inflate.
+// Peak extra memory is measured per operator in a fresh child process
+// (this program re-executed with --mem-child): inputs are allocated, the
+// operator is run once on a tiny input to start thread pools, the kernel's
+// peak-RSS counter is reset (/proc/self/clear_refs), the operator runs once
+// at full size, and the result is VmHWM - VmRSS(before): every byte the
+// operator touched beyond its inputs, outputs included.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asap/error.h"
+#include "asap/fast.h"
+#include "asap/features.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Settings {
+  std::vector<int64_t> ns{128, 256, 512, 1024, 2048, 4096};
+  std::vector<std::pair<int64_t, int64_t>> bh{{1, 4}, {4, 4}};
+  std::vector<int> Ts{6, 10, 20};
+  std::vector<int> ks{1, 2, 3, 4, 5};
+  int64_t d = 64;
+  int reps = 5;
+  int threads = 0;
+  bool mem = true;
+  int64_t ref_max_n = 2048;
+  bool pytorch = false;
+  int64_t pytorch_max_n = 2048;
+  std::string json_path;
+  std::string only;  // comma-separated op names to run (default all)
+  int64_t slices = 64;
+  uint64_t seed = 1;
+};
+
+struct Inputs {
+  at::Tensor q, k, v;
+  int64_t B, H, n, d;
+  double scale;
+};
+
+Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed) {
+  at::manual_seed(seed);
+  Inputs in;
+  in.B = B, in.H = H, in.n = n, in.d = d;
+  in.q = at::randn({B, H, n, d}, at::kFloat);
+  in.k = at::randn({B, H, n, d}, at::kFloat);
+  in.v = at::randn({B, H, n, d}, at::kFloat);
+  in.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  return in;
+}
+
+asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softmax, uint64_t seed) {
+  asap::CompiledLayer L;
+  L.spec.name = "bench";
+  L.spec.layout = asap::ProjLayout::kNone;
+  L.spec.heads = H;
+  L.spec.head_dim = d;
+  L.spec.value_dim = d;
+  L.spec.score_scale = 1.0 / std::sqrt(static_cast<double>(d));
+  L.spec.eps = 1.0;
+  L.spec.T = 6;
+  L.theta = asap::make_slice_bank(d, slices, seed);
+  L.family.slices = slices;
+  L.family.alpha = true;
+  L.family.softmax_dual = softmax;
+  L.per_head = true;
+  at::manual_seed(seed + 7);
+  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.5 / static_cast<double>(slices));
+  L.default_closures = 3;
+  return L;
+}
+
+struct Op {
+  std::string name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_sm, asap_ref
+  int param = 0;     // T or k (0 = none)
+  std::function<void(const Inputs&)> run;
+  std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
+};
+
+// Reads one element so the result is observably used.
+volatile float g_sink = 0;
+void sink(const at::Tensor& t) {
+  if (t.defined() && t.numel()) g_sink = t.data_ptr<float>()[0];
+}
+
+// The core OpenBLAS selected at load time ("" when LibTorch uses another BLAS).
+std::string blas_core() {
+  using F = char* (*)();
+  auto f = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return f ? std::string(f()) : std::string();
+}
+
+// Re-executes once with the thread counts of every runtime pinned to
+// `threads` (OpenMP for ATen, OpenBLAS's own pool), so that all operators
+// run with the same threads. OpenBLAS 0.3.21 (Debian 12) also does not know
+// recent Intel server CPUs and falls back to its "Prescott" (SSE3) kernels,
+// which makes every LibTorch matmul ~8x slower than it should be; the
+// baselines would then be unfairly slow, so the core type is forced to what
+// the CPU has (unless --keep-blas).
+void pin_runtime(char** argv, int threads, bool keep_blas, const std::string& wait_policy) {
+  if (std::getenv("ASAP_BENCH_REEXEC")) return;
+  setenv("ASAP_BENCH_REEXEC", "1", 1);
+  const std::string t = std::to_string(threads);
+  setenv("OMP_NUM_THREADS", t.c_str(), 1);
+  setenv("OPENBLAS_NUM_THREADS", t.c_str(), 1);
+  if (!wait_policy.empty())
+    setenv("OMP_WAIT_POLICY", wait_policy.c_str(), 1);
+  else if (!std::getenv("OMP_WAIT_POLICY"))
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  if (!keep_blas && !std::getenv("OPENBLAS_CORETYPE") && blas_core() == "Prescott") {
+    __builtin_cpu_init();
+    const char* core = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+    if (core) setenv("OPENBLAS_CORETYPE", core, 1);
+  }
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as is
+}
+
+std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
+  auto layer = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, false, s.seed));
+  auto layer_sm = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed));
+  auto eye = at::eye(s.d, at::kDouble);
+  asap::Convention c;
+  std::vector<Op> ops;
+  ops.push_back({"softmax", 0, [](const Inputs& in) {
+                   auto S = at::matmul(in.q, in.k.transpose(-1, -2)).mul_(in.scale);
+                   auto A = at::softmax(S, -1);
+                   sink(at::matmul(A, in.v));
+                 }});
+  ops.push_back({"esp", 0, [eye](const Inputs& in) { sink(asap::fast::esp_attention(in.q, in.k, in.v, eye, in.scale, 1.0)); }});
+  for (int T : s.Ts) {
+    ops.push_back({"teacher_fast", T, [T, c](const Inputs& in) {
+                     sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
+                   }});
+    if (n <= s.ref_max_n)
+      ops.push_back({"teacher_ref", T, [T, c](const Inputs& in) {
+                       sink(asap::run_teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
+                     }});
+  }
+  for (int k : s.ks) {
+    ops.push_back({"sinkhorn", k, [k, c](const Inputs& in) {
+                     sink(asap::fast::sinkhorn_normalizer(in.q, in.k, in.v, at::Tensor(), in.scale, k, c).O);
+                   }});
+    ops.push_back({"asap", k, [k, layer](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer, in.q, in.k, in.v, at::Tensor(), k).out);
+                   }});
+    ops.push_back({"asap_sm", k, [k, layer_sm](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, at::Tensor(), k).out);
+                   }});
+  }
+  if (n <= s.ref_max_n)
+    ops.push_back({"asap_ref", 3, [layer](const Inputs& in) {
+                     asap::RunOptions o;
+                     o.closures = 3;
+                     sink(asap::run_layer(*layer, in.q, in.k, in.v, at::Tensor(), o).out);
+                   }});
+  if (!s.only.empty()) {
+    std::vector<Op> keep;
+    std::stringstream ss(s.only);
+    std::string item;
+    std::vector<std::string> names;
+    while (std::getline(ss, item, ',')) names.push_back(item);
+    for (auto& op : ops)
+      if (std::find(names.begin(), names.end(), op.name) != names.end() ||
+          std::find(names.begin(), names.end(), op.label()) != names.end())
+        keep.push_back(op);
+    ops = keep;
+  }
+  return ops;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+int64_t status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::atoll(line.c_str() + k.size());
+  return -1;
+}
+
+// --mem-child: prints the peak extra bytes of one operator.
+int mem_child(const Settings& s, const std::string& label, int64_t n, int64_t B, int64_t H) {
+  auto ops = make_ops(s, n, H);
+  const Op* op = nullptr;
+  for (const auto& o : ops)
+    if (o.label() == label) op = &o;
+  if (!op) {
+    std::cerr << "unknown operator " << label << "\n";
+    return 2;
+  }
+  {  // start thread pools, BLAS and allocator caches on a tiny input
+    auto tiny = make_inputs(1, H, 16, s.d, s.seed + 1);
+    op->run(tiny);
+  }
+  auto in = make_inputs(B, H, n, s.d, s.seed);
+  const int64_t rss = status_kb("VmRSS");
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+  }
+  const int64_t before = status_kb("VmHWM");
+  op->run(in);
+  const int64_t hwm = status_kb("VmHWM");
+  std::cout << (hwm - std::max(rss, before)) * 1024 << "\n";
+  return 0;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t len = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) return "asap_bench";
+  buf[len] = 0;
+  return buf;
+}
+
+int64_t measure_memory(const Settings& s, const Op& op, int64_t n, int64_t B, int64_t H) {
+  std::ostringstream cmd;
+  cmd << "'" << self_exe() << "' --mem-child " << op.label() << " --n " << n << " --bh " << B << "x" << H
+      << " --d " << s.d << " --threads " << s.threads << " --slices " << s.slices << " --ref-max-n " << s.ref_max_n;
+  FILE* p = popen(cmd.str().c_str(), "r");
+  if (!p) return -1;
+  char line[256] = {0};
+  int64_t bytes = -1;
+  if (std::fgets(line, sizeof line, p)) bytes = std::atoll(line);
+  if (pclose(p) != 0) return -1;
+  return bytes;
+}
+
+std::string shell_out(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "";
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+template <class T>
+std::vector<T> parse_list(const std::string& s) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(static_cast<T>(std::stoll(item)));
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> parse_bh(const std::string& s) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto x = item.find('x');
+    if (x == std::string::npos) throw asap::Error("--bh: expected BxH items like 1x4, found '" + item + "'");
+    out.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+  }
+  return out;
+}
+
+void usage() {
+  std::cout << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
+               "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
+               "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
+               "                  [--wait-policy passive|active]\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bool keep_blas = false;
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::string wait_policy;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--keep-blas") keep_blas = true;
+    if (std::string(argv[i]) == "--threads" && i + 1 < argc) threads = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--wait-policy" && i + 1 < argc) {
+      wait_policy = argv[i + 1];
+      for (auto& ch : wait_policy) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    }
+  }
+  pin_runtime(argv, std::max(1, threads), keep_blas, wait_policy);
+  Settings s;
+  std::string child_label;
+  bool quick = false, mem_set = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw asap::Error("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--json") {
+      s.json_path = next();
+    } else if (a == "--threads") {
+      s.threads = std::stoi(next());
+    } else if (a == "--n") {
+      s.ns = parse_list<int64_t>(next());
+    } else if (a == "--bh") {
+      s.bh = parse_bh(next());
+    } else if (a == "--T") {
+      s.Ts = parse_list<int>(next());
+    } else if (a == "--k") {
+      s.ks = parse_list<int>(next());
+    } else if (a == "--d") {
+      s.d = std::stoll(next());
+    } else if (a == "--slices") {
+      s.slices = std::stoll(next());
+    } else if (a == "--reps") {
+      s.reps = std::stoi(next());
+    } else if (a == "--no-mem") {
+      s.mem = false, mem_set = true;
+    } else if (a == "--mem") {
+      s.mem = true, mem_set = true;
+    } else if (a == "--ref-max-n") {
+      s.ref_max_n = std::stoll(next());
+    } else if (a == "--pytorch") {
+      s.pytorch = true;
+    } else if (a == "--pytorch-max-n") {
+      s.pytorch_max_n = std::stoll(next());
+    } else if (a == "--only") {
+      s.only = next();
+    } else if (a == "--keep-blas") {
+    } else if (a == "--wait-policy") {
+      next();
+    } else if (a == "--mem-child") {
+      child_label = next();
+    } else if (a == "-h" || a == "--help") {
+      usage();
+      return 0;
+    } else {
+      usage();
+      throw asap::Error("unknown argument '" + a + "'");
+    }
+  }
+  if (quick) {
+    s.ns = {128, 256};
+    s.bh = {{1, 4}};
+    s.Ts = {6};
+    s.ks = {1, 3};
+    s.reps = 3;
+    if (!mem_set) s.mem = false;
+    s.pytorch_max_n = 256;
+  }
+  if (s.threads <= 0) s.threads = std::max(1, threads);
+  at::set_num_threads(s.threads);
+  if (!child_label.empty()) return mem_child(s, child_label, s.ns.at(0), s.bh.at(0).first, s.bh.at(0).second);
+
+  json out;
+  const std::time_t t = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  out["machine"] = {{"cpu", shell_out("lscpu | sed -n 's/^Model name:[ ]*//p' | head -1")},
+                    {"cores", shell_out("nproc")},
+                    {"threads", s.threads},
+                    {"date", date},
+                    {"load_before", shell_out("cut -d' ' -f1-3 /proc/loadavg")},
+                    {"isa", asap::fast::isa_for()},
+                    {"parallel_build", asap::fast::parallel_build()},
+                    {"openblas_core", blas_core()},
+                    {"openblas_coretype_env", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""},
+                    {"openblas_threads", std::getenv("OPENBLAS_NUM_THREADS") ? std::getenv("OPENBLAS_NUM_THREADS") : ""},
+                    {"aten_threads", at::get_num_threads()},
+                    {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
+                    {"torch_parallel", at::get_parallel_info().substr(0, 200)}};
+  out["settings"] = {{"n", s.ns},     {"d", s.d},         {"T", s.Ts},
+                     {"k", s.ks},     {"reps", s.reps},   {"slices", s.slices},
+                     {"ref_max_n", s.ref_max_n}, {"memory", s.mem}, {"quick", quick},
+                     {"dtype", "float32"}};
+  json bh = json::array();
+  for (auto& p : s.bh) bh.push_back({p.first, p.second});
+  out["settings"]["bh"] = bh;
+  json results = json::array();
+
+  if (s.pytorch) {
+    // The PyTorch Sinkformer loop, same sizes and threads, run first.
+    const char* py_env = std::getenv("PYTHON");
+    const std::string py = py_env && *py_env ? py_env : "/usr/bin/python3";
+    std::string script = std::string(ASAP_SOURCE_DIR) + "/tools/bench_pytorch.py";
+    const std::string tmp = (s.json_path.empty() ? std::string("asap_bench") : s.json_path) + ".pytorch.json";
+    std::ostringstream ns, bhs, Ts;
+    for (auto n : s.ns)
+      if (n <= s.pytorch_max_n) ns << (ns.tellp() ? "," : "") << n;
+    for (auto& p : s.bh) bhs << (bhs.tellp() ? "," : "") << p.first << "x" << p.second;
+    for (auto T : s.Ts) Ts << (Ts.tellp() ? "," : "") << T;
+    if (!ns.str().empty()) {
+      std::ostringstream cmd;
+      cmd << py << " '" << script << "' --n " << ns.str() << " --bh " << bhs.str() << " --T " << Ts.str()
+          << " --d " << s.d << " --threads " << s.threads << " --reps " << std::min(s.reps, 3) << " --json '" << tmp
+          << "'";
+      std::cerr << "running " << cmd.str() << "\n";
+      if (std::system(cmd.str().c_str()) == 0) {
+        std::ifstream f(tmp);
+        json pj = json::parse(f);
+        for (auto& r : pj["results"]) results.push_back(r);
+        out["pytorch"] = pj["info"];
+      } else {
+        std::cerr << "warning: the PyTorch baseline failed; continuing without it\n";
+      }
+    }
+  }
+
+  for (int64_t n : s.ns) {
+    for (auto [B, H] : s.bh) {
+      auto in = make_inputs(B, H, n, s.d, s.seed);
+      auto ops = make_ops(s, n, H);
+      std::vector<std::vector<double>> times(ops.size()), cpu(ops.size());
+      std::vector<int> want(ops.size(), s.reps);
+      // Warm-up; slow operators get fewer repeats.
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const double t0 = now_s();
+        ops[i].run(in);
+        const double dt = now_s() - t0;
+        if (dt > 20.0)
+          want[i] = 1;
+        else if (dt > 3.0)
+          want[i] = std::min(s.reps, 3);
+      }
+      for (int r = 0; r < s.reps; ++r) {
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (static_cast<int>(times[i].size()) >= want[i]) continue;
+          const double c0 = cpu_s(), t0 = now_s();
+          ops[i].run(in);
+          times[i].push_back(now_s() - t0);
+          cpu[i].push_back(cpu_s() - c0);
+        }
+      }
+      for (size_t i = 0; i < ops.size(); ++i) {
+        json r = {{"op", ops[i].name},   {"param", ops[i].param},
+                  {"n", n},              {"B", B},
+                  {"H", H},              {"d", s.d},
+                  {"median_s", median(times[i])},
+                  {"min_s", *std::min_element(times[i].begin(), times[i].end())},
+                  {"cpu_median_s", median(cpu[i])},
+                  {"times_s", times[i]}};
+        if (s.mem) r["peak_extra_bytes"] = measure_memory(s, ops[i], n, B, H);
+        std::fprintf(stderr, "n=%5lld BxH=%lldx%lld %-16s median %10.4f ms%s\n", static_cast<long long>(n),
+                     static_cast<long long>(B), static_cast<long long>(H), ops[i].label().c_str(),
+                     1e3 * median(times[i]),
+                     s.mem ? (" peak " + std::to_string(r["peak_extra_bytes"].get<int64_t>() >> 20) + " MiB").c_str()
+                           : "");
+        results.push_back(r);
+      }
+    }
+  }
+  out["results"] = results;
+  out["machine"]["load_after"] = shell_out("cut -d' ' -f1-3 /proc/loadavg");
+  if (!s.json_path.empty()) {
+    std::ofstream f(s.json_path);
+    f << out.dump(1) << "\n";
+    if (!f) throw asap::Error("cannot write '" + s.json_path + "'");
+  } else {
+    std::cout << out.dump(1) << "\n";
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "asap_bench: " << e.what() << "\n";
+  return 1;
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The accuracy evaluation of issue 6: compile each available teacher (LS and
+# --fit kl), verify it, run tools/evaluate.py over its whole test split and
+# write docs/results.md (+ docs/results_agreement.png).
+#
+#   tools/evaluate.sh [--train] [--force] [--quick] [--only NAME,...] [--threads N]
+#
+# Teachers: the bundled MNIST ViT T = 6 (calib_data/vit_mnist_t6.*), and,
+# when present under out/teachers/, the MNIST ViT T = 5 (vit_mnist_t5.*) and
+# the WordNet text teacher T = 8 (text_wordnet_t8.*).
+#   --train    (re)train the T = 5 and text teachers with tools/train_teachers.py first
+#              (about 5 + 12 minutes on 2 cores; needs tools/fetch_data.sh's data)
+#   --force    recompile and re-verify even when the artifacts are up to date
+#   --quick    evaluate on the first 1000 test examples only (a smoke run; writes
+#              out/eval/results.quick.md instead of docs/results.md)
+#   --only     evaluate only these teachers (vit6, vit5, text); the report keeps the
+#              others' latest results from out/eval/NAME.eval.json
+#   --threads  threads for asapc and torch (default 2)
+# Environment: ASAPC (default build/asapc), PYTHON (default /usr/bin/python3),
+# ASAP_TORCH_OP (the operator library; default found next to $ASAPC).
+# Artifacts, verify JSON and logs go to out/eval/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+ASAPC=${ASAPC:-build/asapc}
+PYTHON=${PYTHON:-/usr/bin/python3}
+OUT=out/eval
+TRAIN=0 FORCE=0 QUICK=0 THREADS=2 ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --train) TRAIN=1 ;;
+    --force) FORCE=1 ;;
+    --quick) QUICK=1 ;;
+    --threads) THREADS=$2; shift ;;
+    --only) ONLY=",$2,"; shift ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "evaluate.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ ! -x "$ASAPC" ]; then
+  echo "evaluate.sh: $ASAPC not found; build first (tools/run_main.sh) or set ASAPC" >&2
+  exit 2
+fi
+export ASAPC
+mkdir -p "$OUT"
+
+if [ "$TRAIN" = 1 ]; then
+  for which in vit5 text; do
+    echo "== training $which (log: out/teachers/$which.log)"
+    "$PYTHON" tools/train_teachers.py --which "$which" --out out/teachers > "out/teachers/$which.log" 2>&1 \
+      || { echo "evaluate.sh: training $which failed, see out/teachers/$which.log" >&2; exit 1; }
+    tail -1 "out/teachers/$which.log"
+  done
+fi
+
+# name:base path (without .pt)
+TEACHERS="vit6:calib_data/vit_mnist_t6 vit5:out/teachers/vit_mnist_t5 text:out/teachers/text_wordnet_t8"
+
+# newer TARGET SOURCES...: true when TARGET is missing or older than a source
+stale() {
+  local t=$1; shift
+  [ "$FORCE" = 1 ] && return 0
+  [ -e "$t" ] || return 0
+  local s
+  for s in "$@"; do [ "$s" -nt "$t" ] && return 0; done
+  return 1
+}
+
+RESULTS=() MISSING=()
+for entry in $TEACHERS; do
+  name=${entry%%:*} base=${entry#*:}
+  stem=$(basename "$base")
+  if [ -n "$ONLY" ] && [ "${ONLY#*,$name,}" = "$ONLY" ]; then
+    if [ "$QUICK" = 0 ] && [ -e "$OUT/$name.eval.json" ]; then
+      echo "== $name: not re-evaluated (--only); reporting $OUT/$name.eval.json"
+      RESULTS+=("$OUT/$name.eval.json")
+    fi
+    continue
+  fi
+  files=("$base.pt" "$base.spec.json" "$base.calib.h5" "$base.heldout.h5")
+  absent=""
+  for f in "${files[@]}"; do [ -e "$f" ] || absent="$absent $f"; done
+  if [ -n "$absent" ]; then
+    echo "== $name: skipped, missing$absent (tools/evaluate.sh --train makes them)"
+    MISSING+=("--missing" "$name: missing$absent")
+    continue
+  fi
+  ls_art="$OUT/$stem.asap.h5" kl_art="$OUT/$stem.kl.asap.h5" ver="$OUT/$stem.verify.json"
+  for fit in ls kl; do
+    art=$ls_art; [ "$fit" = kl ] && art=$kl_art
+    if stale "$art" "${files[@]}" "$ASAPC"; then
+      echo "== $name: compiling ($fit) -> $art"
+      "$ASAPC" compile "$base.pt" --spec "$base.spec.json" --calib "$base.calib.h5" -o "$art" \
+        --fit "$fit" --no-report -q --threads "$THREADS" | tee "$OUT/$stem.$fit.compile.log"
+    fi
+  done
+  if stale "$ver" "$ls_art"; then
+    echo "== $name: asapc verify -> $ver"
+    "$ASAPC" verify "$base.pt" --artifact "$ls_art" --data "$base.heldout.h5" -q \
+      --threads "$THREADS" --report "$OUT/$stem.verify.html" --json-out "$ver"
+  fi
+  echo "== $name: evaluating on the test split"
+  extra=() res="$OUT/$name.eval.json"
+  if [ "$QUICK" = 1 ]; then extra+=(--max-examples 1000); res="$OUT/$name.quick.eval.json"; fi
+  "$PYTHON" tools/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$ls_art" \
+    --kl-artifact "$kl_art" --verify-json "$ver" --threads "$THREADS" -o "$res" "${extra[@]}"
+  RESULTS+=("$res")
+done
+
+if [ ${#RESULTS[@]} -eq 0 ]; then
+  echo "evaluate.sh: no teacher available" >&2
+  exit 1
+fi
+REPORT=docs/results.md
+[ "$QUICK" = 1 ] && REPORT=$OUT/results.quick.md      # a smoke run does not replace the real page
+"$PYTHON" tools/evaluate.py report "${RESULTS[@]}" "${MISSING[@]}" -o "$REPORT"
+echo "== wrote $REPORT"
