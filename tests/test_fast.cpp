@@ -185,7 +185,7 @@ TEST_CASE("fast: teacher matches the reference (dtypes, masks, conventions, budg
           c.multiply_by_n = n != 37;
           const double scale = 1.0 / std::sqrt(static_cast<double>(d)) * (n == 130 ? 2.0 : 1.0);
           for (int T = 1; T <= 9; ++T) {
-            auto ref = asap::run_teacher(q, k, v, mask, scale, T, c, true);
+            auto ref = asap::run_teacher_reference(q, k, v, mask, scale, T, c, true);
             for (const auto& cfg : configs()) {
               CAPTURE(dtype);
               CAPTURE(n);
@@ -218,17 +218,17 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
   auto q = at::randn({1, 4, 300, 16}), k = at::randn({1, 4, 300, 16}), v = at::randn({1, 4, 300, 16});
   asap::Convention c;
   const double s = 0.25;
-  auto ref = asap::run_teacher(q, k, v, at::Tensor(), s, 6, c, false);
+  auto ref = asap::run_teacher_reference(q, k, v, at::Tensor(), s, 6, c, false);
   auto r = asap::fast::teacher(q, k, v, at::Tensor(), s, 6, c, false);
   CHECK_FALSE(r.A.defined());
   CHECK_REL(r.O, ref.O, 1e-5);
   auto r2 = asap::fast::teacher(q, k, at::Tensor(), at::Tensor(), s, 5, c, true);
-  auto ref2 = asap::run_teacher(q, k, at::Tensor(), at::Tensor(), s, 5, c, true);
+  auto ref2 = asap::run_teacher_reference(q, k, at::Tensor(), at::Tensor(), s, 5, c, true);
   CHECK_FALSE(r2.O.defined());
   CHECK_REL(r2.A, ref2.A, 1e-5);
   CHECK_REL(r2.phi_bar_star, ref2.phi_bar_star, 1e-5);
   auto r3 = asap::fast::sinkhorn_normalizer(q, k, v, at::Tensor(), s, 3, c);
-  auto ref3 = asap::run_teacher(q, k, v, at::Tensor(), s, 3, c, false);
+  auto ref3 = asap::run_teacher_reference(q, k, v, at::Tensor(), s, 3, c, false);
   CHECK_REL(r3.O, ref3.O, 1e-5);
   // Errors keep the reference's messages.
   CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::Tensor(), s, 0, c), asap::Error);
@@ -238,11 +238,13 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
 
 TEST_CASE("fast: features match the reference (families, masks, ties)") {
   at::manual_seed(23);
-  std::vector<asap::FeatureFamily> fams(4);
+  std::vector<asap::FeatureFamily> fams(6);
   fams[0].slices = 16;
   fams[1].slices = 16, fams[1].alpha = true;
   fams[2].slices = 16, fams[2].alpha = true, fams[2].softmax_dual = true;
   fams[3].alpha = true, fams[3].softmax_dual = true;
+  fams[4].slices = 16, fams[4].alpha = true, fams[4].softmax_dual = true, fams[4].sinkhorn_dual3 = true;
+  fams[5].sinkhorn_dual3 = true;
   const int64_t d = 6;
   auto bank = asap::make_slice_bank(d, 16, 99);
   // Axis-aligned slices on integer data: exact ties in every projection.
@@ -312,10 +314,11 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, const asap::FeatureFamily& 
 
 TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled and per-head)") {
   at::manual_seed(41);
-  std::vector<asap::FeatureFamily> fams(3);
+  std::vector<asap::FeatureFamily> fams(4);
   fams[0].slices = 12;
   fams[1].slices = 24, fams[1].alpha = true;
   fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
+  fams[3].slices = 8, fams[3].alpha = true, fams[3].softmax_dual = true, fams[3].sinkhorn_dual3 = true;
   int seed = 0;
   for (auto dtype : {at::kDouble, at::kFloat}) {
     for (int64_t n : {1, 5, 64, 150}) {
@@ -334,7 +337,7 @@ TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled
                 asap::RunOptions o;
                 o.closures = kc;
                 o.return_attention = true;
-                auto ref = asap::run_layer(L, q, k, v, mask, o);
+                auto ref = asap::run_layer_reference(L, q, k, v, mask, o);
                 for (const auto& cfg : configs()) {
                   CAPTURE(dtype);
                   CAPTURE(n);
@@ -368,7 +371,7 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
   auto q = at::randn({1, 1, n, d}), k = at::randn({1, 1, n, d}), v = at::randn({1, 1, n, d});
   asap::Convention c;
   const double s = 1.0 / std::sqrt(32.0);
-  auto ref = asap::run_teacher(q, k, v, at::Tensor(), s, 10, c, true);
+  auto ref = asap::run_teacher_reference(q, k, v, at::Tensor(), s, 10, c, true);
   for (const auto& cfg : configs()) {
     CAPTURE(cfg.name);
     Threads th(cfg.threads);
@@ -382,10 +385,43 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
   auto L = make_layer(1, d, fam, false, false, 6, 1.0, true);
   asap::RunOptions o;
   o.return_attention = true;
-  auto lref = asap::run_layer(L, q, k, v, at::Tensor(), o);
+  auto lref = asap::run_layer_reference(L, q, k, v, at::Tensor(), o);
   auto lr = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, true);
   CHECK_REL(lr.out, lref.out, 1e-5);
   CHECK_REL(lr.attention, lref.attention, 1e-5);
+}
+
+TEST_CASE("fast: the public entry points run the fast path on CPU and the reference elsewhere") {
+  // run_teacher / run_layer are what the runtime, compile and verify call:
+  // on CPU they return exactly the fast path's result, and the reference
+  // agrees with them to the fast path's tolerance.
+  at::manual_seed(5);
+  const int64_t B = 2, H = 2, n = 33, d = 8;
+  auto q = at::randn({B, H, n, d}), k = at::randn({B, H, n, d}), v = at::randn({B, H, n, d});
+  auto mask = make_mask(B, n, 3);
+  asap::Convention c;
+  const double s = 0.35;
+  auto pub = asap::run_teacher(q, k, v, mask, s, 6, c, true);
+  auto fst = asap::fast::teacher(q, k, v, mask, s, 6, c, true);
+  auto ref = asap::run_teacher_reference(q, k, v, mask, s, 6, c, true);
+  CHECK(at::equal(pub.O, fst.O));
+  CHECK(at::equal(pub.A, fst.A));
+  CHECK_REL(pub.O, ref.O, 1e-5);
+  CHECK_REL(pub.phi_bar_star, ref.phi_bar_star, 1e-5);
+  asap::FeatureFamily fam;
+  fam.slices = 8, fam.alpha = true, fam.softmax_dual = true, fam.sinkhorn_dual3 = true;
+  auto L = make_layer(H, d, fam, true, false, 6, 1.0, true);
+  asap::RunOptions o;
+  o.return_attention = true;
+  auto lpub = asap::run_layer(L, q, k, v, mask, o);
+  auto lfst = asap::fast::asap_layer(L, q, k, v, mask, 0, true);
+  auto lref = asap::run_layer_reference(L, q, k, v, mask, o);
+  CHECK(at::equal(lpub.out, lfst.out));
+  CHECK_REL(lpub.out, lref.out, 1e-5);
+  CHECK_REL(lpub.attention, lref.attention, 1e-5);
+  // Dtypes the fast path does not handle go to the reference (and its error).
+  CHECK_FALSE(asap::fast::handles(q.to(at::kHalf)));
+  CHECK_THROWS_AS(asap::run_layer(L, q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, o), asap::Error);
 }
 
 TEST_CASE("fast: ESP hard-sort attention matches a direct implementation") {

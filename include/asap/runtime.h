@@ -29,8 +29,14 @@ struct LayerOutput {
   at::Tensor phi_hat;    // predicted centered cost-coordinate dual [B, H, n]
 };
 
-// Runs one compiled layer on per-head tensors.
+// Runs one compiled layer on per-head tensors: CPU float32/float64 inputs on
+// the fused kernels of asap/fast.h, others on the reference below.
 LayerOutput run_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_mask, const RunOptions& opt = {});
+
+// The same operator in plain ATen (asap-math.md section 5 step by step): the
+// specification the fast path is tested against.
+LayerOutput run_layer_reference(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& key_mask, const RunOptions& opt = {});
 
 // The teacher conventions of a compiled layer.

@@ -52,7 +52,15 @@ struct TeacherResult {
 
 // Runs the finite loop with budget T >= 1 (odd T ends on a row closure).
 // want_attention=false skips materialising A when only O and duals are needed.
+// CPU float32/float64 inputs run on the fused kernels of asap/fast.h; others
+// on the reference below.
 TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                          bool want_attention = true);
+
+// The same loop in plain ATen, materialising [B, H, n, n] scores: the
+// specification the fast path is tested against (tests/test_fast.cpp).
+TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& key_mask, double scale, int T, const Convention& c,
                           bool want_attention = true);
 

@@ -186,6 +186,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   fs.L = fam.slices;
   fs.alpha = fam.alpha;
   fs.softmax = fam.softmax_dual;
+  fs.sinkhorn3 = fam.sinkhorn_dual3;
   auto coef = L.coef.to(at::kDouble).contiguous().cpu();
   const double* cp = coef.data_ptr<double>();
   const bool per_head = coef.size(0) == H && H > 1;
@@ -244,6 +245,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   fs.L = fam.slices;
   fs.alpha = fam.alpha;
   fs.softmax = fam.softmax_dual;
+  fs.sinkhorn3 = fam.sinkhorn_dual3;
   at::Tensor Psi = at::zeros({B, H, n, P}, q.options());
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -251,7 +253,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
     const Active& a = act[bh / H];
     const T* qh = qp + bh * n * d;
-    eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fam.softmax_dual);
+    eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fs.needs_scores());
     const int64_t nR = eng.rows();
     std::vector<T> alpha(nR), psi(P * nR);
     query_alpha(qh, a, d, scale, alpha.data());
@@ -267,7 +269,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning) {
-  if (!cpu_only(q, k, v, key_mask)) return run_teacher(q, k, v, key_mask, scale, T, c, want_attention);
+  if (!cpu_only(q, k, v, key_mask)) return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
   check_qk(q, k);
   ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
@@ -276,7 +278,7 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     ASAP_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == n,
                "teacher: v must be [", B, ", ", H, ", ", n, ", dv], found ", v.sizes());
   auto mask = checked_mask(key_mask, B, n);
-  if (n == 0 || B * H == 0) return run_teacher(q, k, v, key_mask, scale, T, c, want_attention);
+  if (n == 0 || B * H == 0) return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
@@ -290,7 +292,7 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
     RunOptions o;
     o.closures = closures;
     o.return_attention = want_attention;
-    return run_layer(L, q, k, v, key_mask, o);
+    return run_layer_reference(L, q, k, v, key_mask, o);
   }
   const LayerSpec& s = L.spec;
   ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
@@ -315,7 +317,7 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
     RunOptions o;
     o.closures = closures;
     o.return_attention = want_attention;
-    return run_layer(L, q, k, v, key_mask, o);
+    return run_layer_reference(L, q, k, v, key_mask, o);
   }
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();

@@ -49,7 +49,9 @@ struct FeatureSpec {
   const T* theta_s = nullptr;  // [L, d]: sqrt(scale) * theta^T in T (rows = slices)
   int64_t L = 0;
   bool alpha = false, softmax = false;
-  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0); }
+  bool sinkhorn3 = false;  // f3 = row(col(row(0))) + alpha, the teacher's dual after 3 steps
+  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0) + (sinkhorn3 ? 1 : 0); }
+  bool needs_scores() const { return softmax || sinkhorn3; }
 };
 
 template <class T>

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "asap/error.h"
+#include "asap/fast.h"
 
 namespace asap {
 
@@ -76,7 +77,7 @@ at::Tensor center_rows(const at::Tensor& x, const LogMarginals& m, double fill) 
   return at::where(active, x - mean, at::full_like(x, fill));
 }
 
-TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& key_mask, double scale, int T, const Convention& c,
                           bool want_attention) {
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
@@ -111,6 +112,12 @@ TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Te
     r.phi_bar_star = center_rows(f_star + cost_alpha(q, scale), m, -kInf);
   }
   return r;
+}
+
+TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                          bool want_attention) {
+  return fast::teacher(q, k, v, key_mask, scale, T, c, want_attention);  // hands other devices to the reference
 }
 
 }  // namespace asap

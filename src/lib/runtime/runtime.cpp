@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "asap/error.h"
+#include "asap/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
 
@@ -17,8 +18,8 @@ Convention convention_of(const LayerSpec& s) {
   return c;
 }
 
-LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& key_mask, const RunOptions& opt) {
+LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
   const LayerSpec& s = L.spec;
   ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
              "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
@@ -41,6 +42,11 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
   r.out = res.O;
   r.attention = res.A;
   return r;
+}
+
+LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_mask, const RunOptions& opt) {
+  return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // hands other devices to the reference
 }
 
 std::shared_ptr<const CompiledModel> CompiledModel::load(const std::string& path) {
