@@ -91,7 +91,8 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed) {
   return in;
 }
 
-asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softmax, uint64_t seed) {
+asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softmax, uint64_t seed,
+                               bool sinkhorn3 = false) {
   asap::CompiledLayer L;
   L.spec.name = "bench";
   L.spec.layout = asap::ProjLayout::kNone;
@@ -105,6 +106,7 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   L.family.slices = slices;
   L.family.alpha = true;
   L.family.softmax_dual = softmax;
+  L.family.sinkhorn_dual3 = sinkhorn3;
   L.per_head = true;
   at::manual_seed(seed + 7);
   L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.5 / static_cast<double>(slices));
@@ -113,7 +115,7 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
 }
 
 struct Op {
-  std::string name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_sm, asap_ref
+  std::string name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_sm, asap_s3, asap_ref
   int param = 0;     // T or k (0 = none)
   std::function<void(const Inputs&)> run;
   std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
@@ -160,6 +162,8 @@ void pin_runtime(char** argv, int threads, bool keep_blas, const std::string& wa
 std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
   auto layer = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, false, s.seed));
   auto layer_sm = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed));
+  // The family compile picks on the bundled teachers (default k = 1).
+  auto layer_s3 = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed, true));
   auto eye = at::eye(s.d, at::kDouble);
   asap::Convention c;
   std::vector<Op> ops;
@@ -175,7 +179,7 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                    }});
     if (n <= s.ref_max_n)
       ops.push_back({"teacher_ref", T, [T, c](const Inputs& in) {
-                       sink(asap::run_teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
+                       sink(asap::run_teacher_reference(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
                      }});
   }
   for (int k : s.ks) {
@@ -188,12 +192,15 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
     ops.push_back({"asap_sm", k, [k, layer_sm](const Inputs& in) {
                      sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, at::Tensor(), k).out);
                    }});
+    ops.push_back({"asap_s3", k, [k, layer_s3](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), k).out);
+                   }});
   }
   if (n <= s.ref_max_n)
     ops.push_back({"asap_ref", 3, [layer](const Inputs& in) {
                      asap::RunOptions o;
                      o.closures = 3;
-                     sink(asap::run_layer(*layer, in.q, in.k, in.v, at::Tensor(), o).out);
+                     sink(asap::run_layer_reference(*layer, in.q, in.k, in.v, at::Tensor(), o).out);
                    }});
   if (!s.only.empty()) {
     std::vector<Op> keep;

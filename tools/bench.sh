@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs the performance benchmark (C++ operators and the PyTorch Sinkformer
 # loop, same sizes and threads) and renders docs/performance.md and
-# docs/performance.svg from it.
+# docs/performance.svg from it (with the compile section from
+# docs/bench_compile.json when tools/bench_compile.sh has written it).
 #
 #   tools/bench.sh [asap_bench options...]     e.g. tools/bench.sh --quick
 #
@@ -24,5 +25,6 @@ OUT=${OUT:-$ROOT/docs/bench.json}
 PY=${PYTHON:-/usr/bin/python3}
 echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$BENCH" --pytorch --json "$OUT" "$@"
-"$PY" "$ROOT/tools/bench_report.py" "$OUT" --md "$ROOT/docs/performance.md" --svg "$ROOT/docs/performance.svg"
+"$PY" "$ROOT/tools/bench_report.py" "$OUT" --md "$ROOT/docs/performance.md" --svg "$ROOT/docs/performance.svg" \
+  --compile-json "$ROOT/docs/bench_compile.json"
 echo "wrote $OUT, docs/performance.md, docs/performance.svg" >&2

@@ -44,6 +44,7 @@ struct CompileOptions {
   int max_passes = 0;                      // budget of LSE passes (closures + 1 for the softmax feature);
                                            // 0 = max(1, T - 2)
   int max_closures = 5;                    // closures evaluated on held-out data
+  int64_t selection_examples = 64;         // held-out examples that run closures in the selection (0 = all)
   int64_t batch_size = 16;                 // examples per streamed batch
   double heldout_fraction = 0.2;           // share of examples kept out of the fit
   int64_t min_heldout = 8;                 // fewer held-out examples: no data-driven choice

@@ -105,6 +105,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--max-passes", o.max_passes,
                 "budget of log-sum-exp passes for the default operator (default: T - 2, at least 1)");
   c->add_option("--max-closures", o.max_closures, "closures evaluated on held-out data")->capture_default_str();
+  c->add_option("--selection-examples", o.selection_examples,
+                "held-out examples that run the closures when choosing features and k (0 = all)")
+      ->capture_default_str();
   c->add_option("--batch-size", o.batch_size, "examples per streamed batch")->capture_default_str();
   c->add_option("--heldout-fraction", o.heldout_fraction, "share of examples held out of the fit")
       ->capture_default_str();

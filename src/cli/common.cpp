@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -11,6 +12,13 @@ namespace asapc {
 void set_threads(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
+  // asapc parallelises over (batch, head) and rows with OpenMP; OpenBLAS's
+  // own thread pool on top of that only spins in sched_yield between the
+  // small GEMMs left to it (40% of a compile's CPU time on 2 cores). One
+  // BLAS thread; looked up at run time so other BLAS builds are unaffected
+  // (docs/decisions.md).
+  using SetThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(1);
 }
 
 std::string human_seconds(double s) {

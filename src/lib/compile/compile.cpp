@@ -13,6 +13,7 @@
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
 #include "asap/error.h"
+#include "asap/fast.h"
 #include "asap/features.h"
 #include "asap/fit.h"
 #include "asap/layer.h"
@@ -99,7 +100,8 @@ struct Fitted {
   double dual_mse = 0;
   at::Tensor coef;
   json slice_table = json::array();
-  std::vector<FidelityMetrics> by_k;  // held-out metrics for k = 1..max_closures
+  std::vector<FidelityMetrics> by_k;  // held-out attention error for k = 1..max_closures (empty when pruned)
+  bool pruned = false;                // the other head mode on these features has lower held-out dual MSE
 };
 
 }  // namespace
@@ -182,16 +184,22 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     LsStats train, held;
     int64_t n_held = 0;
     std::vector<int64_t> held_idx;
-    double t_teacher = 0;
+    double t_teacher = 0, t_read = 0, t_features = 0, t_stats = 0;
     for (int64_t start = 0; start < N; start += opt.batch_size) {
       const int64_t count = std::min(opt.batch_size, N - start);
+      const auto tr0 = Clock::now();
       auto b = stream.read(start, count);
+      t_read += seconds_since(tr0);
       const auto t0 = Clock::now();
       auto teacher = run_teacher(b.q, b.k, at::Tensor(), b.mask, s.score_scale, s.T, convention_of(s), false);
       t_teacher += seconds_since(t0);
+      const auto tf0 = Clock::now();
       auto m = log_marginals(b.mask, count, b.q.size(2), s.mask == MaskConvention::kDropQueries,
                              b.q.scalar_type(), b.q.device());
-      auto Psi = build_features(b.q, b.k, m, theta, widest, s.score_scale, s.eps);
+      auto Psi = fast::build_features(b.q, b.k, b.mask, s.mask == MaskConvention::kDropQueries, theta, widest,
+                                      s.score_scale, s.eps);
+      t_features += seconds_since(tf0);
+      const auto ts0 = Clock::now();
       std::vector<int64_t> tr, he;
       for (int64_t e = 0; e < count; ++e) (in_heldout_split(opt.seed, opt.heldout_fraction, start + e) ? he : tr).push_back(e);
       auto add = [&](LsStats& st, const std::vector<int64_t>& idx) {
@@ -204,6 +212,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       add(held, he);
       n_held += static_cast<int64_t>(he.size());
       for (int64_t e : he) held_idx.push_back(start + e);
+      t_stats += seconds_since(ts0);
       if (opt.progress) opt.progress({s.name, "statistics", start + count, N});
     }
     ASAP_CHECK(!train.empty(), "calibration file '", calib_path, "': layer '", s.name, "' left no training examples (",
@@ -213,6 +222,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       opt.warn(str("layer '", s.name, "': only ", n_held, " held-out examples (fewer than ", opt.min_heldout,
                    "): ridge, slices, features and closures fall back to documented defaults"));
 
+    const auto t_solve0 = Clock::now();
+    int64_t n_selection = 0;
     // Selection from statistics: per candidate, the slice prefix and ridge with the lowest held-out dual MSE.
     std::vector<Fitted> fitted;
     for (const auto& cand : candidates) {
@@ -251,47 +262,73 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       fitted.push_back(std::move(f));
     }
 
-    // Pass 2 (held-out examples only): attention error of every candidate for k = 1..max_closures.
+    const double t_solve = seconds_since(t_solve0);
+    const auto t_select0 = Clock::now();
+    // Pass 2 (held-out examples only): attention error of the candidates for k = 1..max_closures.
+    // Pooled and per-head coefficients on the same features are told apart by
+    // held-out dual MSE (free, from the statistics); only the better of the
+    // two runs closures; the paper's plain map (slices, pooled) always runs,
+    // as the reference in reports. At most opt.selection_examples held-out examples.
     const int kmax = std::max(opt.max_closures, opt.closures);
     if (can_select) {
-      std::vector<std::vector<MetricsAccumulator>> acc(fitted.size(), std::vector<MetricsAccumulator>(kmax));
-      int64_t done = 0;
-      for (size_t i = 0; i < held_idx.size(); i += static_cast<size_t>(opt.batch_size)) {
-        std::vector<int64_t> idx(held_idx.begin() + i,
-                                 held_idx.begin() + std::min(held_idx.size(), i + static_cast<size_t>(opt.batch_size)));
+      for (size_t c = 0; c < fitted.size(); ++c)
+        for (size_t o = 0; o < fitted.size() && candidate_name(fitted[c].cand) != "slices/pooled"; ++o)
+          if (o != c && fitted[o].cand.features == fitted[c].cand.features && !fitted[o].pruned &&
+              (fitted[o].dual_mse < fitted[c].dual_mse ||
+               (fitted[o].dual_mse == fitted[c].dual_mse && o < c)))
+            fitted[c].pruned = true;
+      std::vector<int64_t> sel_idx = held_idx;
+      if (opt.selection_examples > 0 && static_cast<int64_t>(sel_idx.size()) > opt.selection_examples)
+        sel_idx.resize(static_cast<size_t>(opt.selection_examples));
+      std::vector<std::vector<double>> rel(fitted.size(), std::vector<double>(kmax, 0.0));
+      int64_t terms = 0, done = 0;
+      for (size_t i = 0; i < sel_idx.size(); i += static_cast<size_t>(opt.batch_size)) {
+        std::vector<int64_t> idx(sel_idx.begin() + i,
+                                 sel_idx.begin() + std::min(sel_idx.size(), i + static_cast<size_t>(opt.batch_size)));
         auto b = stream.read_indices(idx);
         const int64_t B = b.q.size(0), n = b.q.size(2);
         auto conv = convention_of(s);
-        auto teacher = run_teacher(b.q, b.k, b.v, b.mask, s.score_scale, s.T, conv, true);
+        auto teacher = run_teacher(b.q, b.k, at::Tensor(), b.mask, s.score_scale, s.T, conv, true);
         auto m = log_marginals(b.mask, B, n, conv.drop_padded_queries, b.q.scalar_type(), b.q.device());
         auto S = scores(b.q, b.k, s.score_scale);
-        auto Psi = build_features(b.q, b.k, m, theta, widest, s.score_scale, s.eps, S);
+        auto Psi = fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, widest, s.score_scale,
+                                        s.eps);
         auto alpha = cost_alpha(b.q, s.score_scale);
+        // ||A - A*||_F / ||A*||_F per (example, head), as MetricsAccumulator::add_attention.
+        auto den = teacher.A.square().sum(at::IntArrayRef{-2, -1}).sqrt();
         for (size_t c = 0; c < fitted.size(); ++c) {
+          if (fitted[c].pruned) continue;
           auto phi = predict_phi(Psi.index_select(3, at::tensor(fitted[c].cols, at::kLong)), fitted[c].coef);
           auto f_hat = dual_from_phi(phi, alpha, m);
           for_each_closure(S, f_hat, m, s.eps, kmax, [&](int k, const at::Tensor& f, const at::Tensor& g) {
             auto A = plan_attention(S, f, g, conv);
-            auto& a = acc[c][k - 1];
-            a.add_attention(A, teacher.A, m, conv.multiply_by_n);
-            a.add_head_outputs(at::matmul(A, b.v), teacher.O);
-            a.add_dual(phi, teacher.phi_bar_star, m);
+            auto num = A.sub_(teacher.A).square_().sum(at::IntArrayRef{-2, -1}).sqrt();
+            rel[c][k - 1] += (num / den).sum().item<double>();
           });
         }
+        terms += B * s.heads;
         done += B;
-        if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(held_idx.size())});
+        if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(sel_idx.size())});
       }
-      for (size_t c = 0; c < fitted.size(); ++c)
-        for (int k = 0; k < kmax; ++k) fitted[c].by_k.push_back(acc[c][k].result());
+      for (size_t c = 0; c < fitted.size(); ++c) {
+        if (fitted[c].pruned) continue;
+        for (int k = 0; k < kmax; ++k) {
+          FidelityMetrics fm;
+          fm.attention_rel_error = rel[c][k] / static_cast<double>(terms);
+          fm.terms = terms;
+          fitted[c].by_k.push_back(fm);
+        }
+      }
+      n_selection = static_cast<int64_t>(sel_idx.size());
     }
-
+    const double t_select = seconds_since(t_select0);
     // The operator: lowest held-out attention error within the pass budget (fewer passes on ties).
     size_t best_c = 0;
     int best_k = 0;
     double best_err = std::numeric_limits<double>::infinity();
     if (can_select) {
       for (size_t c = 0; c < fitted.size(); ++c)
-        for (int k = 1; k <= kmax; ++k) {
+        for (int k = 1; k <= static_cast<int>(fitted[c].by_k.size()); ++k) {
           if (opt.closures > 0 && k != opt.closures) continue;
           if (opt.closures == 0 && lse_passes(fitted[c].family, k) > budget) continue;
           const double err = fitted[c].by_k[k - 1].attention_rel_error;
@@ -353,6 +390,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                                 {"ridge", f.lambda},
                                 {"heldout_dual_rmse", f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0},
                                 {"heldout_attention_error_by_k", errs},
+                                {"pruned_by_dual_mse", f.pruned},
                                 {"lse_passes_by_k", passes},
                                 {"slice_selection", f.slice_table}});
     }
@@ -363,6 +401,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                  {"examples", N},
                  {"train_examples", train.examples},
                  {"heldout_examples", n_held},
+                 {"selection_examples", n_selection},
                  {"rows_used", static_cast<int64_t>(R_train)},
                  {"data_driven_selection", can_select},
                  {"pass_budget", budget},
@@ -375,11 +414,18 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                    {"closures", best_k},
                    {"lse_passes", lse_passes(chosen.family, best_k)},
                    {"heldout_dual_rmse", chosen.dual_mse >= 0 ? std::sqrt(chosen.dual_mse) : -1.0},
-                   {"heldout_attention_error", can_select ? chosen.by_k[best_k - 1].attention_rel_error : -1.0}}},
+                   {"heldout_attention_error", static_cast<int>(chosen.by_k.size()) >= best_k ? chosen.by_k[best_k - 1].attention_rel_error : -1.0}}},
                  {"candidates", cand_table},
                  {"fit", opt.fit},
                  {"fit_time_s", fit_time},
                  {"teacher_time_s", t_teacher},
+                 {"phase_times_s",
+                  {{"read", t_read},
+                   {"teacher", t_teacher},
+                   {"features", t_features},
+                   {"statistics", t_stats},
+                   {"solve", t_solve},
+                   {"selection", t_select}}},
                  {"options",
                   {{"slice_bank", opt.slice_bank},
                    {"slice_counts", slice_counts},
