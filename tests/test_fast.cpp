@@ -391,6 +391,61 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
   CHECK_REL(lr.attention, lref.attention, 1e-5);
 }
 
+TEST_CASE("fast: closure_errors equals the attention error of the reference closures") {
+  // Compile's selection: ||A_k - A*||_F / ||A*||_F for k = 1..k_max closures
+  // from each candidate's dual, against the ATen reference (teacher plan,
+  // for_each_closure, plan_attention), with masks, both conventions and odd/even T.
+  at::manual_seed(77);
+  int seed = 0;
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    for (bool masked : {false, true}) {
+      for (bool drop : {false, true}) {
+        if (drop && !masked) continue;
+        for (int T : {5, 6}) {
+          const int64_t B = 2, H = 3, n = 37, d = 8, C = 2;
+          const int kmax = 4;
+          auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
+          auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
+          asap::Convention c;
+          c.eps = 0.7;
+          c.drop_padded_queries = drop;
+          const double s = 0.4;
+          auto m = asap::log_marginals(mask, B, n, drop, dtype, at::kCPU);
+          auto teacher = asap::run_teacher_reference(q, k, at::Tensor(), mask, s, T, c, true);
+          auto S = asap::scores(q, k, s);
+          auto alpha = asap::cost_alpha(q, s);
+          // Candidate duals: the teacher's own (centered) target plus noise of two sizes.
+          std::vector<at::Tensor> phis;
+          for (int64_t ci = 0; ci < C; ++ci) {
+            auto target = at::where(m.row_active.expand({B, H, n}), teacher.phi_bar_star, at::zeros({}, dtype));
+            phis.push_back(target + 0.3 * static_cast<double>(ci + 1) * at::randn({B, H, n}, dtype));
+          }
+          auto phi = at::stack(phis);
+          Threads th(2);
+          auto err = asap::fast::closure_errors(q, k, mask, s, T, c, phi, kmax);
+          REQUIRE(err.sizes() == at::IntArrayRef({C, kmax, B, H}));
+          for (int64_t ci = 0; ci < C; ++ci) {
+            auto f_hat = asap::dual_from_phi(phi[ci], alpha, m);
+            asap::for_each_closure(S, f_hat, m, c.eps, kmax, [&](int kk, const at::Tensor& f, const at::Tensor& g) {
+              auto A = asap::plan_attention(S, f, g, c).to(at::kDouble);
+              auto As = teacher.A.to(at::kDouble);
+              auto ref = (A - As).square().sum(at::IntArrayRef{-2, -1}).sqrt() /
+                         As.square().sum(at::IntArrayRef{-2, -1}).sqrt();
+              CAPTURE(dtype);
+              CAPTURE(masked);
+              CAPTURE(drop);
+              CAPTURE(T);
+              CAPTURE(ci);
+              CAPTURE(kk);
+              CHECK_REL(err[ci][kk - 1], ref, dtype == at::kFloat ? 1e-4 : 1e-9);
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast: the public entry points run the fast path on CPU and the reference elsewhere") {
   // run_teacher / run_layer are what the runtime, compile and verify call:
   // on CPU they return exactly the fast path's result, and the reference

@@ -286,26 +286,24 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         std::vector<int64_t> idx(sel_idx.begin() + i,
                                  sel_idx.begin() + std::min(sel_idx.size(), i + static_cast<size_t>(opt.batch_size)));
         auto b = stream.read_indices(idx);
-        const int64_t B = b.q.size(0), n = b.q.size(2);
+        const int64_t B = b.q.size(0);
         auto conv = convention_of(s);
-        auto teacher = run_teacher(b.q, b.k, at::Tensor(), b.mask, s.score_scale, s.T, conv, true);
-        auto m = log_marginals(b.mask, B, n, conv.drop_padded_queries, b.q.scalar_type(), b.q.device());
-        auto S = scores(b.q, b.k, s.score_scale);
         auto Psi = fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, widest, s.score_scale,
                                         s.eps);
-        auto alpha = cost_alpha(b.q, s.score_scale);
-        // ||A - A*||_F / ||A*||_F per (example, head), as MetricsAccumulator::add_attention.
-        auto den = teacher.A.square().sum(at::IntArrayRef{-2, -1}).sqrt();
+        std::vector<at::Tensor> phis;
+        std::vector<size_t> which;
         for (size_t c = 0; c < fitted.size(); ++c) {
           if (fitted[c].pruned) continue;
-          auto phi = predict_phi(Psi.index_select(3, at::tensor(fitted[c].cols, at::kLong)), fitted[c].coef);
-          auto f_hat = dual_from_phi(phi, alpha, m);
-          for_each_closure(S, f_hat, m, s.eps, kmax, [&](int k, const at::Tensor& f, const at::Tensor& g) {
-            auto A = plan_attention(S, f, g, conv);
-            auto num = A.sub_(teacher.A).square_().sum(at::IntArrayRef{-2, -1}).sqrt();
-            rel[c][k - 1] += (num / den).sum().item<double>();
-          });
+          phis.push_back(predict_phi(Psi.index_select(3, at::tensor(fitted[c].cols, at::kLong)), fitted[c].coef));
+          which.push_back(c);
         }
+        // ||A - A*||_F / ||A*||_F per (candidate, k, example, head) on the fused kernels,
+        // the quantity MetricsAccumulator::add_attention averages (tests/test_fast.cpp).
+        auto err = fast::closure_errors(b.q, b.k, b.mask, s.score_scale, s.T, conv, at::stack(phis), kmax)
+                       .sum(at::IntArrayRef{2, 3});
+        auto acc = err.accessor<double, 2>();
+        for (size_t i = 0; i < which.size(); ++i)
+          for (int k = 0; k < kmax; ++k) rel[which[i]][k] += acc[static_cast<int64_t>(i)][k];
         terms += B * s.heads;
         done += B;
         if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(sel_idx.size())});

@@ -320,6 +320,40 @@ void Engine<T>::closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out) {
   }
 }
 
+template <class T>
+void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, double* num, double* den) {
+  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  std::vector<double> nums(nch, 0.0), dens(nch, 0.0);  // per chunk, summed in order: deterministic
+  pfor(nch, [&](int64_t c, int tid) {
+    const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), rows = r1 - r0;
+    int64_t ld;
+    const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
+    Scratch& sc = scratch_[tid];
+    T* P = sc.pbuf.get(rows * ldS_);
+    T* Q = sc.qbuf.get(rows * ldS_);
+    kt_.plan(rows, nJ_, t, ld, f + r0, g, P, ldS_);
+    kt_.plan(rows, nJ_, t, ld, fq + r0, gq, Q, ldS_);
+    double sn = 0, sd = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* p = P + r * ldS_;
+      const T* q = Q + r * ldS_;
+      T rn = 0, rd = 0;
+      for (int64_t j = 0; j < nJ_; ++j) {
+        const T d = p[j] - q[j];
+        rn += d * d;
+        rd += q[j] * q[j];
+      }
+      sn += static_cast<double>(rn);
+      sd += static_cast<double>(rd);
+    }
+    nums[c] = sn;
+    dens[c] = sd;
+  });
+  *num = 0;
+  *den = 0;
+  for (int64_t c = 0; c < nch; ++c) *num += nums[c], *den += dens[c];
+}
+
 namespace {
 // phi(p) = p^2/2 - u(p), u extended by its outer rays (features.cpp).
 double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys, const std::vector<double>& u,

@@ -83,6 +83,10 @@ class Engine {
   // k closures col, row, ... from f (overwritten); g receives the last column dual.
   void closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out);
 
+  // sum_ij (P_ij - Q_ij)^2 into *num and sum_ij Q_ij^2 into *den over R x J,
+  // P = exp(S' + f_i + g_j), Q = exp(S' + fq_i + gq_j); the tile is not changed.
+  void plan_distance(const T* f, const T* g, const T* fq, const T* gq, double* num, double* den);
+
   // Feature columns of the head, centered over R; alpha [nR] holds the
   // query cost offsets (T precision). Without beta: Psi [P, nR] into psi
   // (column p at psi + p * nR). With beta [P]: phi = Psi beta into phi [nR]
@@ -94,7 +98,7 @@ class Engine {
 
  private:
   struct Scratch {
-    Buf<T> tile, otmp;
+    Buf<T> tile, otmp, pbuf, qbuf;
     SortScratch<T> sort;
     std::vector<int32_t> ox;
     std::vector<T> xg, col;
