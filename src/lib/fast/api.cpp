@@ -292,6 +292,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
       else
         eng.col_pass(fs.data(), gs.data(), false, T(0), HeadOut<T>{});
     }
+    eng.cache_plan(fs.data(), gs.data());
     for (int64_t cand = 0; cand < C; ++cand) {
       const T* ph = pp + (cand * B * H + bh) * n;
       for (int64_t r = 0; r < nR; ++r)
@@ -302,7 +303,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
         else
           eng.row_pass(g.data(), f.data(), false, T(0), HeadOut<T>{});
         double num, den;
-        eng.plan_distance(f.data(), g.data(), fs.data(), gs.data(), &num, &den);
+        eng.plan_distance(f.data(), g.data(), nullptr, nullptr, &num, &den);
         op[(cand * k_max + (t - 1)) * B * H + bh] = std::sqrt(num / den);
       }
     }

@@ -321,6 +321,18 @@ void Engine<T>::closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out) {
 }
 
 template <class T>
+void Engine<T>::cache_plan(const T* fq, const T* gq) {
+  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  T* Q = Qc_.get(nR_ * ldS_);
+  pfor(nch, [&](int64_t c, int tid) {
+    const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+    int64_t ld;
+    const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
+    kt_.plan(r1 - r0, nJ_, t, ld, fq + r0, gq, Q + r0 * ldS_, ldS_);
+  });
+}
+
+template <class T>
 void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, double* num, double* den) {
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
   std::vector<double> nums(nch, 0.0), dens(nch, 0.0);  // per chunk, summed in order: deterministic
@@ -330,9 +342,15 @@ void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, 
     const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
     Scratch& sc = scratch_[tid];
     T* P = sc.pbuf.get(rows * ldS_);
-    T* Q = sc.qbuf.get(rows * ldS_);
     kt_.plan(rows, nJ_, t, ld, f + r0, g, P, ldS_);
-    kt_.plan(rows, nJ_, t, ld, fq + r0, gq, Q, ldS_);
+    const T* Q;
+    if (fq) {
+      T* q = sc.qbuf.get(rows * ldS_);
+      kt_.plan(rows, nJ_, t, ld, fq + r0, gq, q, ldS_);
+      Q = q;
+    } else {
+      Q = Qc_.data() + r0 * ldS_;
+    }
     double sn = 0, sd = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const T* p = P + r * ldS_;

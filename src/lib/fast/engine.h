@@ -85,7 +85,10 @@ class Engine {
 
   // sum_ij (P_ij - Q_ij)^2 into *num and sum_ij Q_ij^2 into *den over R x J,
   // P = exp(S' + f_i + g_j), Q = exp(S' + fq_i + gq_j); the tile is not changed.
+  // fq = gq = nullptr: Q is the plan stored by cache_plan (one exponential
+  // sweep instead of two).
   void plan_distance(const T* f, const T* g, const T* fq, const T* gq, double* num, double* den);
+  void cache_plan(const T* fq, const T* gq);
 
   // Feature columns of the head, centered over R; alpha [nR] holds the
   // query cost offsets (T precision). Without beta: Psi [P, nR] into psi
@@ -125,7 +128,7 @@ class Engine {
   const T* ka_ = nullptr;  // [nJ, d]
   Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
-  Buf<T> qp_, kp1_, X_, Y_;
+  Buf<T> qp_, kp1_, X_, Y_, Qc_;
   std::vector<Scratch> scratch_;
 };
 

@@ -1,6 +1,7 @@
 // Ridge least squares from streamed sufficient statistics (asap-math.md
 // section 6, LS part).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <Eigen/Dense>
 
 #include <cmath>
@@ -37,12 +38,23 @@ void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, 
   auto w = row_active.expand({B, H, n}).to(at::kDouble);  // 1 on rows that carry mass
   auto X = Psi.to(at::kDouble) * w.unsqueeze(-1);
   auto y = at::where(row_active.expand({B, H, n}), target.to(at::kDouble), at::zeros({}, at::kDouble));
-  // Per head: sum over batch and rows.
-  auto Xh = X.transpose(0, 1).reshape({H, B * n, P});
-  auto yh = y.transpose(0, 1).reshape({H, B * n, 1});
+  // Per head: sum over batch and rows; heads spread over threads (one BLAS
+  // call each: asapc runs OpenBLAS on one thread, src/cli/common.cpp).
+  auto Xh = X.transpose(0, 1).reshape({H, B * n, P}).contiguous();
+  auto yh = y.transpose(0, 1).reshape({H, B * n, 1}).contiguous();
   LsStats b;
-  b.G = at::bmm(Xh.transpose(1, 2), Xh);
-  b.h = at::bmm(Xh.transpose(1, 2), yh).squeeze(-1);
+  b.G = at::empty({H, P, P}, X.options());
+  b.h = at::empty({H, P, 1}, X.options());
+  at::parallel_for(0, H, 1, [&](int64_t h0, int64_t h1) {
+    for (int64_t hd = h0; hd < h1; ++hd) {
+      auto x = Xh.select(0, hd);
+      auto G = b.G.select(0, hd);
+      auto hv = b.h.select(0, hd);
+      at::mm_out(G, x.t(), x);
+      at::mm_out(hv, x.t(), yh.select(0, hd));
+    }
+  });
+  b.h = b.h.squeeze(-1);
   b.c = yh.pow(2).sum(at::IntArrayRef{1, 2});
   b.R = w.sum(at::IntArrayRef{0, 2});
   b.examples = B;
