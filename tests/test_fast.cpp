@@ -422,11 +422,13 @@ TEST_CASE("fast: closure_errors equals the attention error of the reference clos
           }
           auto phi = at::stack(phis);
           Threads th(2);
-          auto err = asap::fast::closure_errors(q, k, mask, s, T, c, phi, kmax);
+          const std::vector<int> kc{kmax, kmax - 1};  // per candidate
+          auto err = asap::fast::closure_errors(q, k, mask, s, T, c, phi, kc);
           REQUIRE(err.sizes() == at::IntArrayRef({C, kmax, B, H}));
+          CHECK(err[1][kmax - 1].abs().max().item<double>() == 0.0);  // beyond candidate 1's count
           for (int64_t ci = 0; ci < C; ++ci) {
             auto f_hat = asap::dual_from_phi(phi[ci], alpha, m);
-            asap::for_each_closure(S, f_hat, m, c.eps, kmax, [&](int kk, const at::Tensor& f, const at::Tensor& g) {
+            asap::for_each_closure(S, f_hat, m, c.eps, kc[ci], [&](int kk, const at::Tensor& f, const at::Tensor& g) {
               auto A = asap::plan_attention(S, f, g, c).to(at::kDouble);
               auto As = teacher.A.to(at::kDouble);
               auto ref = (A - As).square().sum(at::IntArrayRef{-2, -1}).sqrt() /

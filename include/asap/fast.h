@@ -80,14 +80,16 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Te
                           double scale, double eps, const Tuning& tuning = {});
 
 // Selection helper for compile: for each (b, h), the teacher's plan A* with
-// budget T, and for every candidate c the plans after k = 1..k_max closures
-// from the candidate's predicted dual; returns the relative distance
-// ||A - A*||_F / ||A*||_F as float64 [C, k_max, B, H] (what
-// MetricsAccumulator::add_attention averages). phi_hat [C, B, H, n] holds
-// centered cost-coordinate duals (asap::predict_phi); entries on rows
-// without mass are ignored. No [B, H, n, n] tensor is formed.
+// budget T, and for every candidate c the plans after k = 1..k_max[c]
+// closures from the candidate's predicted dual; returns the relative
+// distance ||A - A*||_F / ||A*||_F as float64 [C, max k_max, B, H] (what
+// MetricsAccumulator::add_attention averages; 0 beyond a candidate's
+// k_max). phi_hat [C, B, H, n] holds centered cost-coordinate duals
+// (asap::predict_phi); entries on rows without mass are ignored. No
+// [B, H, n, n] tensor is formed.
 at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask, double scale, int T,
-                          const Convention& c, const at::Tensor& phi_hat, int k_max, const Tuning& tuning = {});
+                          const Convention& c, const at::Tensor& phi_hat, const std::vector<int>& k_max,
+                          const Tuning& tuning = {});
 
 // ESP hard-sort attention (asap-math.md section 8), the benchmark's
 // comparison operator: per slice theta_l the sorted matching sigma_l,

@@ -277,6 +277,17 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
               (fitted[o].dual_mse < fitted[c].dual_mse ||
                (fitted[o].dual_mse == fitted[c].dual_mse && o < c)))
             fitted[c].pruned = true;
+      // Closures evaluated per candidate: up to --max-closures, but not beyond
+      // the pass budget (those operators cannot be chosen), except the
+      // paper's map, which the reports show for every k; a fixed --closures
+      // is always evaluated.
+      std::vector<int> k_eval(fitted.size(), kmax);
+      for (size_t c = 0; c < fitted.size(); ++c) {
+        if (candidate_name(fitted[c].cand) == "slices/pooled") continue;
+        int kc = 1;
+        while (kc < kmax && lse_passes(fitted[c].family, kc + 1) <= budget) ++kc;
+        k_eval[c] = std::max(kc, opt.closures);
+      }
       std::vector<int64_t> sel_idx = held_idx;
       if (opt.selection_examples > 0 && static_cast<int64_t>(sel_idx.size()) > opt.selection_examples)
         sel_idx.resize(static_cast<size_t>(opt.selection_examples));
@@ -292,25 +303,27 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                                         s.eps);
         std::vector<at::Tensor> phis;
         std::vector<size_t> which;
+        std::vector<int> kc;
         for (size_t c = 0; c < fitted.size(); ++c) {
           if (fitted[c].pruned) continue;
           phis.push_back(predict_phi(Psi.index_select(3, at::tensor(fitted[c].cols, at::kLong)), fitted[c].coef));
           which.push_back(c);
+          kc.push_back(k_eval[c]);
         }
         // ||A - A*||_F / ||A*||_F per (candidate, k, example, head) on the fused kernels,
         // the quantity MetricsAccumulator::add_attention averages (tests/test_fast.cpp).
-        auto err = fast::closure_errors(b.q, b.k, b.mask, s.score_scale, s.T, conv, at::stack(phis), kmax)
+        auto err = fast::closure_errors(b.q, b.k, b.mask, s.score_scale, s.T, conv, at::stack(phis), kc)
                        .sum(at::IntArrayRef{2, 3});
         auto acc = err.accessor<double, 2>();
         for (size_t i = 0; i < which.size(); ++i)
-          for (int k = 0; k < kmax; ++k) rel[which[i]][k] += acc[static_cast<int64_t>(i)][k];
+          for (int k = 0; k < kc[i]; ++k) rel[which[i]][k] += acc[static_cast<int64_t>(i)][k];
         terms += B * s.heads;
         done += B;
         if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(sel_idx.size())});
       }
       for (size_t c = 0; c < fitted.size(); ++c) {
         if (fitted[c].pruned) continue;
-        for (int k = 0; k < kmax; ++k) {
+        for (int k = 0; k < k_eval[c]; ++k) {
           FidelityMetrics fm;
           fm.attention_rel_error = rel[c][k] / static_cast<double>(terms);
           fm.terms = terms;

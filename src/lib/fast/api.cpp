@@ -267,7 +267,8 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 template <class T>
 at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, double scale, int T_budget,
-                               const Convention& c, const at::Tensor& phi, int k_max, const Tuning& tuning) {
+                               const Convention& c, const at::Tensor& phi, const std::vector<int>& kc, int k_max,
+                               const Tuning& tuning) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), C = phi.size(0);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
   const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
@@ -297,7 +298,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
       const T* ph = pp + (cand * B * H + bh) * n;
       for (int64_t r = 0; r < nR; ++r)
         f[r] = static_cast<T>(static_cast<double>(ph[a.rows[r]] - alpha[r]) / eps);
-      for (int t = 1; t <= k_max; ++t) {
+      for (int t = 1; t <= kc[cand]; ++t) {
         if (t % 2 == 1)
           eng.col_pass(f.data(), g.data(), false, T(0), HeadOut<T>{});
         else
@@ -314,22 +315,31 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
 }  // namespace
 
 at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask, double scale, int T,
-                          const Convention& c, const at::Tensor& phi_hat, int k_max, const Tuning& tuning) {
+                          const Convention& c, const at::Tensor& phi_hat, const std::vector<int>& kc,
+                          const Tuning& tuning) {
   ASAP_CHECK(handles(q) && k.defined() && k.device().is_cpu(), "closure_errors: q, k must be CPU float32/float64");
   check_qk(q, k);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
-  ASAP_CHECK(k_max >= 1, "number of closures must be at least 1, found ", k_max);
+  ASAP_CHECK(phi_hat.dim() == 4 && static_cast<int64_t>(kc.size()) == phi_hat.size(0),
+             "closure_errors: one closure count per candidate expected (", phi_hat.dim() == 4 ? phi_hat.size(0) : -1,
+             "), found ", kc.size());
+  int k_max = 1;
+  for (int x : kc) {
+    ASAP_CHECK(x >= 1, "number of closures must be at least 1, found ", x);
+    k_max = std::max(k_max, x);
+  }
   ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2);
   ASAP_CHECK(phi_hat.dim() == 4 && phi_hat.size(1) == B && phi_hat.size(2) == H && phi_hat.size(3) == n,
              "closure_errors: phi_hat must be [C, ", B, ", ", H, ", ", n, "], found ", phi_hat.sizes());
   auto mask = checked_mask(key_mask, B, n);
   auto qc = q.contiguous();
-  auto kc = k.to(q.scalar_type()).contiguous();
+  auto kk = k.to(q.scalar_type()).contiguous();
   auto pc = phi_hat.to(at::kCPU, q.scalar_type()).contiguous();
   if (n == 0 || B * H == 0 || pc.size(0) == 0) return at::zeros({pc.size(0), k_max, B, H}, at::kDouble);
-  if (q.scalar_type() == at::kFloat) return closure_errors_impl<float>(qc, kc, mask, scale, T, c, pc, k_max, tuning);
-  return closure_errors_impl<double>(qc, kc, mask, scale, T, c, pc, k_max, tuning);
+  if (q.scalar_type() == at::kFloat)
+    return closure_errors_impl<float>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
+  return closure_errors_impl<double>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
 }
 
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
