@@ -53,6 +53,44 @@ TEST_CASE("compile: fixture ViT end to end; choices respect the budget and are t
     CHECK_CLOSE_T(back->forward(name, x), mem.forward(name, x), 0.0);
 }
 
+TEST_CASE("compile: --slice-cost counts slices against the pass budget") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 60, 1);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.slice_bank = 16;
+  o.layers = {"transformer.layers.0.0.fn"};
+  o.slice_cost = 0.5;  // each slice costs half a pass: 4 passes of budget leave few slices
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const auto& L = r.artifact.layers[0];
+  const auto& s = r.summary["layers"][0];
+  CHECK(s["slice_cost_passes"].get<double>() == 0.5);
+  const int budget = s["pass_budget"];
+  auto cost = [](const asap::FeatureFamily& f, int k) { return asap::lse_passes(f, k) + 0.5 * f.slices; };
+  CHECK(cost(L.family, L.default_closures) <= budget);
+  CHECK(s["chosen"]["cost_passes"].get<double>() == cost(L.family, L.default_closures));
+  // Every candidate but the paper's reference map kept to slices that fit with one closure,
+  // and the chosen operator is the lowest error among those within the budget by cost.
+  const double chosen = s["chosen"]["heldout_attention_error"];
+  for (const auto& c : s["candidates"]) {
+    const int64_t Lc = c["slices"];
+    const auto& errs = c["heldout_attention_error_by_k"];
+    const auto& passes = c["lse_passes_by_k"];
+    const std::string name = c["candidate"];
+    const int feature_passes = name.find("sinkhorn3") != std::string::npos ? 3
+                               : name.find("softmax") != std::string::npos ? 1
+                                                                           : 0;
+    if (name != "slices/pooled" && Lc > 1) CHECK(1 + feature_passes + 0.5 * Lc <= budget);
+    for (size_t k = 0; k < errs.size(); ++k)
+      if (passes[k].get<int>() + 0.5 * Lc <= budget) CHECK(chosen <= errs[k].get<double>() + 1e-15);
+  }
+  // With slices free (the default) the same data may use the whole bank.
+  o.slice_cost = 0;
+  auto free = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  CHECK(free.summary["layers"][0]["slice_cost_passes"].get<double>() == 0.0);
+  CHECK(asap::default_slice_cost(1024) == doctest::Approx(8.0 * 10 / 1024));
+}
+
 TEST_CASE("compile: a fixed family, ridge, slices and closures are honoured") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 30, 2);

@@ -35,8 +35,11 @@ struct Candidate {
 
 struct CompileOptions {
   int64_t slice_bank = 64;                 // slices drawn and stored per layer
-  std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {8, 16, 32, 64} up to slice_bank
+  std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
   int64_t fixed_slices = 0;                // > 0: use exactly this many slices
+  double slice_cost = -1;                  // pass-equivalents per slice counted in the budget:
+                                           // < 0 = default_slice_cost(n) (default; 0 with fixed_slices),
+                                           // 0 = slices free (fidelity first)
   std::vector<Candidate> candidates;       // empty = the three feature sets x {pooled, per head}
   std::vector<double> ridge_grid;          // empty = default_ridge_grid()
   double ridge = -1;                       // >= 0: fixed LS ridge (no selection)
@@ -76,5 +79,11 @@ bool in_heldout_split(uint64_t seed, double heldout_fraction, int64_t example);
 
 // Budget of LSE passes of a candidate: closures + 1 if it uses the softmax feature.
 int lse_passes(const FeatureFamily& f, int closures);
+
+// Estimated cost of one slice in log-sum-exp pass-equivalents at sequence
+// length n, 8 log2(n) / n: two sorts and a potential per slice against n^2
+// exponentials per pass, fitted to the fused kernels on an AVX-512 Xeon
+// (docs/performance.md).
+double default_slice_cost(int64_t n);
 
 }  // namespace asap

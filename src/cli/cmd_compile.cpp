@@ -90,7 +90,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--fit", o.fit, "coefficient fit: ls (ridge least squares) or kl (convex forward KL)")
       ->capture_default_str();
   c->add_option("--slices", o.slice_bank, "slice bank size per layer")->capture_default_str();
-  c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried (default 8,16,32,... up to --slices)");
+  c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried (default 0,1,2,4,8,... up to --slices)");
   c->add_option("--fixed-slices", o.fixed_slices, "use exactly this many slices (no selection)");
   c->add_option("--features", a->features,
                 "candidate feature sets: slices (paper), slices+alpha, slices+alpha+softmax (default: all three)");
@@ -105,6 +105,27 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--max-passes", o.max_passes,
                 "budget of log-sum-exp passes for the default operator (default: T - 2, at least 1)");
   c->add_option("--max-closures", o.max_closures, "closures evaluated on held-out data")->capture_default_str();
+  c->add_option_function<std::string>(
+       "--slice-cost",
+       [&o](const std::string& v) {
+         if (v == "auto") {
+           o.slice_cost = -1;
+           return;
+         }
+         size_t used = 0;
+         double x = -1;
+         try {
+           x = std::stod(v, &used);
+         } catch (const std::exception&) {
+           used = 0;
+         }
+         if (used != v.size() || !(x >= 0))
+           throw CLI::ValidationError("--slice-cost", "expected 'auto' or a number >= 0, found '" + v + "'");
+         o.slice_cost = x;
+       },
+       "pass-equivalents each slice counts against --max-passes: auto = 8 log2(n)/n (default; 0 with "
+       "--fixed-slices), 0 = slices are free (fidelity first), or a number")
+      ->type_name("auto|X");
   c->add_option("--selection-examples", o.selection_examples,
                 "held-out examples that run the closures when choosing features and k (0 = all)")
       ->capture_default_str();

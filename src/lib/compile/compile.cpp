@@ -30,6 +30,11 @@ using nlohmann::json;
 
 int lse_passes(const FeatureFamily& f, int closures) { return closures + f.feature_passes(); }
 
+double default_slice_cost(int64_t n) {
+  const double m = static_cast<double>(std::max<int64_t>(n, 2));
+  return 8.0 * std::log2(m) / m;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -137,12 +142,12 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                opt.slice_bank);
     slice_counts = {opt.fixed_slices};
   } else if (slice_counts.empty()) {
-    for (int64_t L : {8, 16, 32, 64, 128, 256})
+    for (int64_t L : {0, 1, 2, 4, 8, 16, 32, 64, 128, 256})
       if (L < opt.slice_bank) slice_counts.push_back(L);
     slice_counts.push_back(opt.slice_bank);
   }
   for (int64_t L : slice_counts)
-    ASAP_CHECK(L >= 1 && L <= opt.slice_bank, "slice count ", L, " outside 1..", opt.slice_bank);
+    ASAP_CHECK(L >= 0 && L <= opt.slice_bank, "slice count ", L, " outside 0..", opt.slice_bank);
   std::vector<Candidate> candidates = opt.candidates;
   if (candidates.empty())
     for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
@@ -166,6 +171,18 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     LayerStream stream(calib, s, ck, opt.float64, opt.max_examples);
     const int64_t N = stream.num_examples();
     const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
+    // Slices cost time too: by default each counts as 8 log2(n) / n
+    // pass-equivalents against the budget (measured on the fused kernels,
+    // docs/performance.md), so the budget bounds latency and not only
+    // log-sum-exp passes. --slice-cost 0 makes them free (fidelity first), as
+    // does --fixed-slices unless --slice-cost is given.
+    const double slice_cost = opt.slice_cost >= 0   ? opt.slice_cost
+                              : opt.fixed_slices > 0 ? 0.0
+                                                     : default_slice_cost(stream.seq_len());
+    auto cost = [&](const FeatureFamily& f, int k) {
+      return static_cast<double>(lse_passes(f, k)) + slice_cost * static_cast<double>(f.slices);
+    };
+    auto within = [&](const FeatureFamily& f, int k) { return cost(f, k) <= budget + 1e-9; };
     if (s.T <= 3 && opt.warn)
       opt.warn(str("layer '", s.name, "' has T = ", s.T, ": a compiled operator with its default closures runs about "
                    "as many log-sum-exp passes as the teacher itself, so it cannot be much faster"));
@@ -230,7 +247,18 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       Fitted f;
       f.cand = cand;
       double best = std::numeric_limits<double>::infinity();
+      // Prefixes with columns, and (for candidates the budget applies to:
+      // not the paper's reference map, no fixed --closures) whose operator
+      // with one closure fits the budget; the smallest otherwise.
+      std::vector<int64_t> counts;
       for (int64_t L : slice_counts) {
+        const FeatureFamily fam = family_of(cand.features, L);
+        if (fam.num_columns() == 0) continue;
+        const bool limited = opt.closures == 0 && candidate_name(cand) != "slices/pooled";
+        if (!limited || within(fam, 1) || counts.empty()) counts.push_back(L);
+        if (limited && !within(fam, 1)) break;
+      }
+      for (int64_t L : counts) {
         FeatureFamily fam = family_of(cand.features, L);
         auto cols = family_columns(widest, fam);
         double lam, mse;
@@ -249,7 +277,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         row["heldout_dual_mse"] = mse;
         f.slice_table.push_back(row);
         // Nested prefixes: a larger bank must beat the best so far by 1% to be worth its latency.
-        const bool better = !can_select ? (L == slice_counts.back()) : (mse < best * 0.99 || f.cols.empty());
+        const bool better = !can_select ? (L == counts.back()) : (mse < best * 0.99 || f.cols.empty());
         if (better) {
           best = std::min(best, mse);
           f.family = fam;
@@ -285,7 +313,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       for (size_t c = 0; c < fitted.size(); ++c) {
         if (candidate_name(fitted[c].cand) == "slices/pooled") continue;
         int kc = 1;
-        while (kc < kmax && lse_passes(fitted[c].family, kc + 1) <= budget) ++kc;
+        while (kc < kmax && within(fitted[c].family, kc + 1)) ++kc;
         k_eval[c] = std::max(kc, opt.closures);
       }
       std::vector<int64_t> sel_idx = held_idx;
@@ -341,9 +369,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       for (size_t c = 0; c < fitted.size(); ++c)
         for (int k = 1; k <= static_cast<int>(fitted[c].by_k.size()); ++k) {
           if (opt.closures > 0 && k != opt.closures) continue;
-          if (opt.closures == 0 && lse_passes(fitted[c].family, k) > budget) continue;
+          if (opt.closures == 0 && !within(fitted[c].family, k)) continue;
           const double err = fitted[c].by_k[k - 1].attention_rel_error;
-          const bool fewer = best_k > 0 && lse_passes(fitted[c].family, k) < lse_passes(fitted[best_c].family, best_k);
+          const bool fewer = best_k > 0 && cost(fitted[c].family, k) < cost(fitted[best_c].family, best_k) - 1e-9;
           if (err < best_err * (1 - 1e-9) || (err <= best_err * (1 + 1e-9) && fewer)) {
             best_err = err;
             best_c = c;
@@ -416,6 +444,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                  {"rows_used", static_cast<int64_t>(R_train)},
                  {"data_driven_selection", can_select},
                  {"pass_budget", budget},
+                 {"slice_cost_passes", slice_cost},
                  {"chosen",
                   {{"candidate", candidate_name(chosen.cand)},
                    {"family", chosen.family.name()},
@@ -424,6 +453,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                    {"ridge", chosen.lambda},
                    {"closures", best_k},
                    {"lse_passes", lse_passes(chosen.family, best_k)},
+                   {"cost_passes", cost(chosen.family, best_k)},
                    {"heldout_dual_rmse", chosen.dual_mse >= 0 ? std::sqrt(chosen.dual_mse) : -1.0},
                    {"heldout_attention_error", static_cast<int>(chosen.by_k.size()) >= best_k ? chosen.by_k[best_k - 1].attention_rel_error : -1.0}}},
                  {"candidates", cand_table},
