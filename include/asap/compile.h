@@ -37,9 +37,9 @@ struct CompileOptions {
   int64_t slice_bank = 64;                 // slices drawn and stored per layer
   std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
   int64_t fixed_slices = 0;                // > 0: use exactly this many slices
-  double slice_cost = -1;                  // pass-equivalents per slice counted in the budget:
-                                           // < 0 = default_slice_cost(n) (default; 0 with fixed_slices),
-                                           // 0 = slices free (fidelity first)
+  double slice_cost = 0;                   // pass-equivalents per slice counted in the budget:
+                                           // 0 = slices free (default, fidelity first),
+                                           // < 0 = default_slice_cost(n) (latency-aware)
   std::vector<Candidate> candidates;       // empty = the three feature sets x {pooled, per head}
   std::vector<double> ridge_grid;          // empty = default_ridge_grid()
   double ridge = -1;                       // >= 0: fixed LS ridge (no selection)

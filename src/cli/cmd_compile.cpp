@@ -123,8 +123,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
            throw CLI::ValidationError("--slice-cost", "expected 'auto' or a number >= 0, found '" + v + "'");
          o.slice_cost = x;
        },
-       "pass-equivalents each slice counts against --max-passes: auto = 8 log2(n)/n (default; 0 with "
-       "--fixed-slices), 0 = slices are free (fidelity first), or a number")
+       "pass-equivalents each slice counts against --max-passes: 0 = slices are free (default, fidelity "
+       "first), auto = 8 log2(n)/n (latency-aware), or a number")
       ->type_name("auto|X");
   c->add_option("--selection-examples", o.selection_examples,
                 "held-out examples that run the closures when choosing features and k (0 = all)")

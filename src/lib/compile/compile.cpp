@@ -171,14 +171,12 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     LayerStream stream(calib, s, ck, opt.float64, opt.max_examples);
     const int64_t N = stream.num_examples();
     const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
-    // Slices cost time too: by default each counts as 8 log2(n) / n
-    // pass-equivalents against the budget (measured on the fused kernels,
-    // docs/performance.md), so the budget bounds latency and not only
-    // log-sum-exp passes. --slice-cost 0 makes them free (fidelity first), as
-    // does --fixed-slices unless --slice-cost is given.
-    const double slice_cost = opt.slice_cost >= 0   ? opt.slice_cost
-                              : opt.fixed_slices > 0 ? 0.0
-                                                     : default_slice_cost(stream.seq_len());
+    // Slices are free against the budget by default (fidelity first: on
+    // short sequences with a tight budget, pricing them leaves maps worse
+    // than Sinkhorn at equal passes, docs/decisions.md). --slice-cost auto
+    // counts each as 8 log2(n) / n pass-equivalents (measured on the fused
+    // kernels, docs/performance.md), so that the budget bounds latency.
+    const double slice_cost = opt.slice_cost >= 0 ? opt.slice_cost : default_slice_cost(stream.seq_len());
     auto cost = [&](const FeatureFamily& f, int k) {
       return static_cast<double>(lse_passes(f, k)) + slice_cost * static_cast<double>(f.slices);
     };
