@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Tests of the benchmark tools (no pytest needed): the report's target
+checks and compile section (tools/bench_report.py) on known timings, and the
+long-sequence compile case (tools/make_throughput_case.py).
+
+    ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import h5py
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = os.path.join(REPO, "tools")
+sys.path.insert(0, TOOLS)
+import bench_report  # noqa: E402
+
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def row(op, param, n, t, B=4, H=4, mem=None):
+    r = {"op": op, "param": param, "n": n, "B": B, "H": H, "d": 64, "median_s": t, "min_s": t,
+         "cpu_median_s": t, "times_s": [t]}
+    if mem is not None:
+        r["peak_extra_bytes"] = mem
+    return r
+
+
+def synthetic():
+    """Timings with known ratios at n = 1024 and 4096, B·H = 16."""
+    rows = []
+    for n, s in ((1024, 1.0), (4096, 16.0)):
+        rows += [row("softmax", 0, n, 0.100 * s), row("teacher_fast", 10, n, 0.070 * s),
+                 row("teacher_fast", 20, n, 0.120 * s), row("pytorch_loop", 10, n, 1.40 * s),
+                 row("pytorch_loop", 6, n, 1.0 * s), row("pytorch_loop", 20, n, 2.8 * s),
+                 row("teacher_fast", 6, n, 0.050 * s)]
+        for k in range(1, 6):
+            rows += [row("sinkhorn", k, n, (0.030 + 0.005 * k) * s),
+                     row("asap", k, n, (0.040 + 0.005 * k) * s, mem=100 << 20),
+                     row("asap_sm", k, n, (0.045 + 0.005 * k) * s),
+                     row("asap_s3", k, n, (0.060 + 0.005 * k) * s, mem=200 << 20)]
+    return {"machine": {"date": "today", "cpu": "test cpu", "cores": 2, "threads": 2, "isa": "avx2",
+                        "load_before": "0", "load_after": "0"},
+            "settings": {"d": 64, "slices": 64, "reps": 1}, "results": rows}
+
+
+@test
+def targets_are_the_measured_ratios():
+    R = bench_report.Results(synthetic())
+    got = {name: (val, ok) for name, val, ok in bench_report.targets(R)}
+    # default ASAP (sinkhorn3 family, k = 1) against T = 20 at n = 1024: 0.120 / 0.065.
+    key = [k for k in got if k.startswith("default ASAP L64+alpha+softmax+sinkhorn3 (k=1) ≥ 4×")]
+    assert len(key) == 1, list(got)
+    assert got[key[0]][0].startswith("%.2f×" % (0.120 / 0.065)) and not got[key[0]][1], got[key[0]]
+    # PyTorch loop over the fast teacher at T = 10: 1.40 / 0.070 = 20x, met.
+    key = [k for k in got if "PyTorch" in k and "T=10" in k]
+    assert got[key[0]] == ("20.0× (worst, B·H=16)", True), got[key[0]]
+    # ASAP k vs the k-closure normalizer, worst over n >= 512 and k: k = 1 at n = 1024 or 4096 (same ratio).
+    key = [k for k in got if k.startswith("ASAP L64+alpha with k closures")]
+    assert got[key[0]][0].startswith("%.2f×" % (0.045 / 0.035)) and not got[key[0]][1], got[key[0]]
+    # Memory at n = 4096, B·H = 16: 100 MiB, met.
+    key = [k for k in got if "memory" in k and k.startswith("ASAP L64+alpha (k=3)")]
+    assert got[key[0]] == ("100 MiB", True), got[key[0]]
+
+
+@test
+def report_is_written_between_markers_with_the_compile_section():
+    with tempfile.TemporaryDirectory() as d:
+        bj = os.path.join(d, "bench.json")
+        json.dump(synthetic(), open(bj, "w"))
+        cj = os.path.join(d, "compile.json")
+        jobs = [{"job": "teacher", "median_s": 1.0, "ratio": 1.0}, {"job": "compile", "median_s": 3.0, "ratio": 3.0},
+                {"job": "compile-fixed", "median_s": 1.4, "ratio": 1.4}]
+        json.dump({"date": "today", "cpu": "test cpu", "threads": 2,
+                   "cases": [{"name": "case A", "n": 17, "result": {"jobs": jobs, "examples_over_layers": 10,
+                                                                   "last_compile_phase_times_s": [{"read": 0.5}]}}],
+                   "rss": [{"examples": 64, "peak_rss_kb": 1000}, {"examples": 512, "peak_rss_kb": 1300}]},
+                  open(cj, "w"))
+        md = os.path.join(d, "perf.md")
+        open(md, "w").write("# Perf\nkept above\n%s\nold\n%s\nkept below\n" % (bench_report.BEGIN, bench_report.END))
+        r = subprocess.run([sys.executable, os.path.join(TOOLS, "bench_report.py"), bj, "--md", md,
+                            "--svg", os.path.join(d, "p.svg"), "--compile-json", cj], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        text = open(md).read()
+        assert text.startswith("# Perf\nkept above\n") and text.endswith("kept below\n") and "\nold\n" not in text
+        assert "| case A | 17 | 10 | 1.00 s | 3.00 s | 3.00× | 1.40 s | 1.40× | **no** |" in text, text
+        assert "Change: +30.0% (target ±15%: **not met**)" in text, text
+        assert os.path.getsize(os.path.join(d, "p.svg")) > 0
+
+
+@test
+def throughput_case_records_the_teacher_at_a_longer_n():
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, os.path.join(TOOLS, "make_throughput_case.py"), "--n", "40",
+                            "--examples", "3", "--out", d], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        spec = json.load(open(os.path.join(d, "throughput.spec.json")))
+        names = [l["name"] for l in spec["layers"]]
+        with h5py.File(os.path.join(d, "throughput.calib.h5"), "r") as f:
+            for name in names:
+                assert f["layers"][name]["x"].shape == (3, 40, 64), f["layers"][name]["x"].shape
+        asapc = os.environ.get("ASAPC")
+        if asapc:  # the checkpoint has no position embedding, so compile accepts n = 40
+            out = os.path.join(d, "a.h5")
+            r = subprocess.run([asapc, "compile", os.path.join(d, "throughput.pt"), "--spec",
+                                os.path.join(d, "throughput.spec.json"), "--calib",
+                                os.path.join(d, "throughput.calib.h5"), "-o", out, "--no-report", "-q"],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            assert os.path.exists(out)
+
+
+def main(argv):
+    only = argv[argv.index("-k") + 1] if "-k" in argv else ""
+    passed = failed = 0
+    for fn in TESTS:
+        if only not in fn.__name__:
+            continue
+        try:
+            fn()
+        except Exception:
+            failed += 1
+            print("FAIL %s\n%s" % (fn.__name__, traceback.format_exc()))
+        else:
+            passed += 1
+            print("ok   %s" % fn.__name__)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
