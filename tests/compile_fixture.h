@@ -16,16 +16,6 @@
 
 namespace asap_test {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/asap_test_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& f) const { return path + "/" + f; }
-};
-
 inline std::string vit_checkpoint() { return data_path("fixtures/vit_checkpoint.pt"); }
 
 inline asap::TeacherSpec vit_spec(int T = 6) {

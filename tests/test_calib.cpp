@@ -18,38 +18,14 @@
 
 namespace fs = std::filesystem;
 
+using asap_test::error_of;
+using asap_test::TempDir;
+
 namespace {
 
 // A fresh directory per test case, removed afterwards.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "asap-calib-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
-    return v;
-  }
-};
 
 // The asap::Error message `f` throws (fails the test if it throws nothing).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const asap::Error& e) {
-    return e.what();
-  }
-  FAIL("expected asap::Error, nothing was thrown");
-  return "";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -3,11 +3,58 @@
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
+#include <vector>
+
+#include "asap/error.h"
 
 namespace asap_test {
+
+// A fresh directory under the system temp directory, removed with everything in it.
+struct TempDir {
+  std::filesystem::path dir;
+  std::string path;  // dir as a string
+  explicit TempDir(const std::string& prefix = "asap-test") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+  std::string operator/(const std::string& name) const { return file(name); }
+  // File names in the directory, sorted.
+  std::vector<std::string> entries() const {
+    std::vector<std::string> v;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  }
+};
+
+// The message of the asap::Error that f throws (fails the test when none is thrown).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const asap::Error& e) {
+    return e.what();
+  }
+  FAIL("expected asap::Error, nothing was thrown");
+  return "";
+}
 
 inline std::string data_path(const std::string& name) { return std::string(ASAP_TEST_DATA) + "/" + name; }
 
