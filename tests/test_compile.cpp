@@ -61,10 +61,15 @@ TEST_CASE("compile: --slice-cost counts slices against the pass budget") {
   o.slice_bank = 16;
   o.layers = {"transformer.layers.0.0.fn"};
   o.slice_cost = 0.5;  // each slice costs half a pass: 4 passes of budget leave few slices
+  o.selection_examples = 5;
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const auto& L = r.artifact.layers[0];
   const auto& s = r.summary["layers"][0];
   CHECK(s["slice_cost_passes"].get<double>() == 0.5);
+  CHECK(s["selection_examples"].get<int64_t>() == 5);  // of more held-out examples
+  CHECK(s["heldout_examples"].get<int64_t>() > 5);
+  for (const char* phase : {"read", "teacher", "features", "statistics", "solve", "selection"})
+    CHECK(s["phase_times_s"][phase].get<double>() >= 0.0);
   const int budget = s["pass_budget"];
   auto cost = [](const asap::FeatureFamily& f, int k) { return asap::lse_passes(f, k) + 0.5 * f.slices; };
   CHECK(cost(L.family, L.default_closures) <= budget);
@@ -172,6 +177,16 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(run_cmd(std::string(ASAPC_EXE) + " compile " + dir / "missing.pt" + " --spec x --calib y -o " + dir / "a.h5",
                 &out) == 2);
   CHECK(out.find("asapc: error: cannot open checkpoint") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "a.h5"));
+  // Options of issue 9: a malformed --slice-cost, a negative --selection-examples.
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  write_vit_calib(dir / "calib.h5", 12, 3);
+  const std::string base = std::string(ASAPC_EXE) + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" +
+                           " --calib " + dir / "calib.h5" + " -q -o " + dir / "a.h5";
+  CHECK(run_cmd(base + " --slice-cost fast", &out) == 2);
+  CHECK(out.find("--slice-cost: expected 'auto' or a number >= 0, found 'fast'") != std::string::npos);
+  CHECK(run_cmd(base + " --selection-examples -1", &out) == 2);
+  CHECK(out.find("--selection-examples must be at least 0 (0 = all), found -1") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "a.h5"));
 }
 

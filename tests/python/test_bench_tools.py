@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import h5py
 
@@ -19,12 +18,7 @@ TOOLS = os.path.join(REPO, "tools")
 sys.path.insert(0, TOOLS)
 import bench_report  # noqa: E402
 
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+from harness import run, test  # noqa: E402
 
 
 def row(op, param, n, t, B=4, H=4, mem=None):
@@ -119,23 +113,7 @@ def throughput_case_records_the_teacher_at_a_longer_n():
             assert os.path.exists(out)
 
 
-def main(argv):
-    only = argv[argv.index("-k") + 1] if "-k" in argv else ""
-    passed = failed = 0
-    for fn in TESTS:
-        if only not in fn.__name__:
-            continue
-        try:
-            fn()
-        except Exception:
-            failed += 1
-            print("FAIL %s\n%s" % (fn.__name__, traceback.format_exc()))
-        else:
-            passed += 1
-            print("ok   %s" % fn.__name__)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -14,7 +14,6 @@ import os
 import struct
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 
@@ -22,16 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import datasets as ds  # noqa: E402
 
-TESTS = []
-
-
-class Skip(Exception):
-    pass
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+from harness import Skip, run, test  # noqa: E402
 
 
 def need_mnist():
@@ -329,27 +319,7 @@ def bundled_calib_data_is_consistent():
     assert err < 1e-4, "held-out activations differ from the teacher's by %.3g" % err
 
 
-def main(argv):
-    only = argv[argv.index("-k") + 1] if "-k" in argv else ""
-    passed = failed = skipped = 0
-    for fn in TESTS:
-        if only not in fn.__name__:
-            continue
-        try:
-            fn()
-        except Skip as e:
-            skipped += 1
-            print("skip %s: %s" % (fn.__name__, e))
-        except Exception:
-            failed += 1
-            print("FAIL %s\n%s" % (fn.__name__, traceback.format_exc()))
-        else:
-            passed += 1
-            print("ok   %s" % fn.__name__)
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped)
-          if skipped else "%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 import torch
@@ -27,12 +26,7 @@ import sinkformer_models as sm  # noqa: E402
 import record_calib as rc  # noqa: E402
 
 torch.set_num_threads(1)
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+from harness import run, test  # noqa: E402
 
 
 def close(got, want, tol, what):
@@ -467,23 +461,7 @@ def cli_demo_list_modules_and_errors():
         assert r.returncode == 0 and "transformer.layers.1.0.fn" in r.stdout, r.stderr
 
 
-def main(argv):
-    only = argv[argv.index("-k") + 1] if "-k" in argv else ""
-    passed = failed = 0
-    for fn in TESTS:
-        if only not in fn.__name__:
-            continue
-        try:
-            fn()
-        except Exception:
-            failed += 1
-            print("FAIL %s\n%s" % (fn.__name__, traceback.format_exc()))
-        else:
-            passed += 1
-            print("ok   %s" % fn.__name__)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

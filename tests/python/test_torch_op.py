@@ -22,9 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import traceback
-import warnings
 
 import numpy as np
 import torch
@@ -37,6 +34,8 @@ sys.path.insert(0, TOOLS)
 import sinkformer_models as sm  # noqa: E402
 import asap_torch  # noqa: E402
 from asap_torch import reference  # noqa: E402
+import harness  # noqa: E402
+from harness import Skip, test  # noqa: E402
 
 PYTHON = os.environ.get("PYTHON", sys.executable)
 ASAPC = os.environ.get("ASAPC") or os.path.join(REPO, "build", "asapc")
@@ -46,17 +45,7 @@ TEXT = ["layers.0.mha", "layers.1.mha"]
 TOL = 1e-5
 
 torch.set_num_threads(1)
-TESTS = []
 OP = asap_torch.op_available()
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
-
-
-class Skip(Exception):
-    pass
 
 
 def need_op():
@@ -549,31 +538,11 @@ print("ok")
 
 
 def main(argv):
-    only = argv[argv.index("-k") + 1] if "-k" in argv else ""
-    passed = failed = skipped = 0
-    t0 = time.time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        for fn in TESTS:
-            if only not in fn.__name__:
-                continue
-            try:
-                fn()
-            except Skip as e:
-                skipped += 1
-                print("skip %s: %s" % (fn.__name__, e))
-            except Exception:
-                failed += 1
-                print("FAIL %s\n%s" % (fn.__name__, traceback.format_exc()))
-            else:
-                passed += 1
-                print("ok   %s" % fn.__name__)
-    if not os.environ.get("ASAP_KEEP_TEST_FILES"):
-        shutil.rmtree(WORK, ignore_errors=True)
-    print("%d passed, %d failed%s (%.1f s)" % (passed, failed,
-                                               ", %d skipped" % skipped if skipped else "",
-                                               time.time() - t0))
-    return 1 if failed else 0
+    try:
+        return harness.run(argv, ignore_user_warnings=True)
+    finally:
+        if not os.environ.get("ASAP_KEEP_TEST_FILES"):
+            shutil.rmtree(WORK, ignore_errors=True)
 
 
 if __name__ == "__main__":

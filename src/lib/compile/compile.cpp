@@ -119,6 +119,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   ASAP_CHECK(opt.slice_bank >= 1, "--slices must be at least 1, found ", opt.slice_bank);
   ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl", "--fit must be 'ls' or 'kl', found '", opt.fit, "'");
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
+  ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",
+             opt.selection_examples);
   Checkpoint ck = load_checkpoint(ckpt_path);
   TeacherSpec spec = read_spec(spec_path);
   validate_spec(spec, ck, spec_path);

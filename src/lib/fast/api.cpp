@@ -13,6 +13,7 @@
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "fast/engine.h"
+#include "runtime/checks.h"
 
 namespace asap {
 namespace fast {
@@ -165,6 +166,18 @@ std::vector<T> scaled_bank(const at::Tensor& theta, int64_t L, double scale) {
   return out;
 }
 
+// The engine's view of a feature family; bank from scaled_bank (kept alive by the caller).
+template <class T>
+detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const std::vector<T>& bank) {
+  detail::FeatureSpec<T> fs;
+  fs.theta_s = bank.data();
+  fs.L = fam.slices;
+  fs.alpha = fam.alpha;
+  fs.softmax = fam.softmax_dual;
+  fs.sinkhorn3 = fam.sinkhorn_dual3;
+  return fs;
+}
+
 template <class T>
 LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& mask, int closures, bool want_attention, const Tuning& tuning) {
@@ -181,12 +194,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
              "coefficients: expected [1, ", P, "] or [", H, ", ", P, "], found ", L.coef.sizes());
   const std::vector<T> bank =
       fam.slices > 0 ? scaled_bank<T>(L.theta, fam.slices, s.score_scale) : std::vector<T>();
-  detail::FeatureSpec<T> fs;
-  fs.theta_s = bank.data();
-  fs.L = fam.slices;
-  fs.alpha = fam.alpha;
-  fs.softmax = fam.softmax_dual;
-  fs.sinkhorn3 = fam.sinkhorn_dual3;
+  const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   auto coef = L.coef.to(at::kDouble).contiguous().cpu();
   const double* cp = coef.data_ptr<double>();
   const bool per_head = coef.size(0) == H && H > 1;
@@ -240,12 +248,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   const int64_t P = fam.num_columns();
   const std::vector<T> bank = fam.slices > 0 ? scaled_bank<T>(theta, fam.slices, scale) : std::vector<T>();
-  detail::FeatureSpec<T> fs;
-  fs.theta_s = bank.data();
-  fs.L = fam.slices;
-  fs.alpha = fam.alpha;
-  fs.softmax = fam.softmax_dual;
-  fs.sinkhorn3 = fam.sinkhorn_dual3;
+  const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   at::Tensor Psi = at::zeros({B, H, n, P}, q.options());
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -363,19 +366,15 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 
 LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& key_mask, int closures, bool want_attention, const Tuning& tuning) {
-  if (!cpu_only(q, k, v, key_mask)) {
+  auto reference = [&] {
     RunOptions o;
     o.closures = closures;
     o.return_attention = want_attention;
     return run_layer_reference(L, q, k, v, key_mask, o);
-  }
+  };
+  if (!cpu_only(q, k, v, key_mask)) return reference();
   const LayerSpec& s = L.spec;
-  ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
-             "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
-  ASAP_CHECK(k.sizes() == q.sizes(), "layer '", s.name, "': k must have q's shape ", q.sizes(), ", found ",
-             k.sizes());
-  ASAP_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == s.heads && v.size(2) == q.size(2), "layer '",
-             s.name, "': v must be [", q.size(0), ", ", s.heads, ", ", q.size(2), ", dv], found ", v.sizes());
+  asap::detail::check_layer_inputs(L, q, k, v);
   const int k_closures = closures > 0 ? closures : L.default_closures;
   ASAP_CHECK(k_closures >= 1, "number of closures must be at least 1, found ", k_closures);
   ASAP_CHECK(s.eps > 0, "entropy eps must be positive, found ", s.eps);
@@ -388,12 +387,7 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   }
   const int64_t B = q.size(0), n = q.size(2);
   auto mask = checked_mask(key_mask, B, n);
-  if (n == 0 || B * q.size(1) == 0) {
-    RunOptions o;
-    o.closures = closures;
-    o.return_attention = want_attention;
-    return run_layer_reference(L, q, k, v, key_mask, o);
-  }
+  if (n == 0 || B * q.size(1) == 0) return reference();
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.to(q.scalar_type()).contiguous();

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "math/potential.h"
+
 namespace asap {
 namespace fast {
 namespace detail {
@@ -108,21 +110,15 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   ldS_ = round_up(nJ_, NR);
   log_a_ = static_cast<T>(-std::log(static_cast<double>(n_)));
   log_b_ = log_a_;
-  // Gather the rows that take part.
-  if (act.all_rows) {
-    qa_ = q;
-  } else {
-    T* qa = qa_buf_.get(nR_ * d_);
-    for (int64_t r = 0; r < nR_; ++r) std::memcpy(qa + r * d_, q + act.rows[r] * d_, d_ * sizeof(T));
-    qa_ = qa;
-  }
-  if (act.all_keys) {
-    ka_ = k;
-  } else {
-    T* ka = ka_buf_.get(nJ_ * d_);
-    for (int64_t j = 0; j < nJ_; ++j) std::memcpy(ka + j * d_, k + act.keys[j] * d_, d_ * sizeof(T));
-    ka_ = ka;
-  }
+  // The rows and keys that take part, contiguous (the inputs themselves when all do).
+  auto gather = [&](const T* src, bool all, const std::vector<int64_t>& idx, Buf<T>& buf) -> const T* {
+    if (all) return src;
+    T* dst = buf.get(static_cast<int64_t>(idx.size()) * d_);
+    for (size_t r = 0; r < idx.size(); ++r) std::memcpy(dst + r * d_, src + idx[r] * d_, d_ * sizeof(T));
+    return dst;
+  };
+  qa_ = gather(q, act.all_rows, act.rows, qa_buf_);
+  ka_ = gather(k, act.all_keys, act.keys, ka_buf_);
   T* kp = kp_.get(ldS_ * d_);
   kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
   has_v_ = v != nullptr;
@@ -372,22 +368,6 @@ void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, 
   for (int64_t c = 0; c < nch; ++c) *num += nums[c], *den += dens[c];
 }
 
-namespace {
-// phi(p) = p^2/2 - u(p), u extended by its outer rays (features.cpp).
-double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys, const std::vector<double>& u,
-                      double p) {
-  double up;
-  if (p < xs.front()) {
-    up = ys.front() * (p - xs.front());
-  } else {
-    const int64_t r = std::upper_bound(xs.begin(), xs.end(), p) - xs.begin() - 1;
-    up = u[r] + ys[r] * (p - xs[r]);
-  }
-  return 0.5 * p * p - up;
-}
-
-}  // namespace
-
 template <class T>
 void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta,
                          double* phi) {
@@ -458,7 +438,7 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
         if (r + 1 < m) u += ys[r] * (xs[r + 1] - xs[r]);
       }
       for (int64_t e : a.extra_rows)
-        col[e] = static_cast<T>(eval_potential(s.xs, s.ys, s.u, static_cast<double>(x[e])));
+        col[e] = static_cast<T>(asap::detail::eval_potential(s.xs, s.ys, s.u, static_cast<double>(x[e])));
       take(l, s, col);
     });
     p = L;

@@ -62,20 +62,38 @@ struct SortScratch {
   std::vector<uint32_t> hist;
 };
 
+// A 256-bin histogram into bucket start offsets, in place.
+inline void exclusive_scan_256(uint32_t* h) {
+  uint32_t sum = 0;
+  for (int b = 0; b < 256; ++b) {
+    const uint32_t c = h[b];
+    h[b] = sum;
+    sum += c;
+  }
+}
+
+// Insertion sort of a[0..m) by word (stable for equal words); fast on
+// short or nearly sorted input, where branches mispredict only at inversions.
+template <class U>
+void insertion_words(U* a, int64_t m) {
+  for (int64_t i = 1; i < m; ++i) {
+    const U w = a[i];
+    if (!(a[i - 1] > w)) continue;
+    int64_t j = i - 1;
+    while (j >= 0 && a[j] > w) {
+      a[j + 1] = a[j];
+      --j;
+    }
+    a[j + 1] = w;
+  }
+}
+
 // LSD radix sort of a[0..m) on bytes [lo, hi) of each word (stable);
 // returns whichever of a, tmp holds the result.
 template <class U>
 U* radix_words(U* a, U* tmp, int64_t m, int lo, int hi, std::vector<uint32_t>& hist_buf) {
   if (m <= 48) {  // insertion sort on the whole word: same order for these uses
-    for (int64_t i = 1; i < m; ++i) {
-      const U w = a[i];
-      int64_t j = i - 1;
-      while (j >= 0 && a[j] > w) {
-        a[j + 1] = a[j];
-        --j;
-      }
-      a[j + 1] = w;
-    }
+    insertion_words(a, m);
     return a;
   }
   const int nd = hi - lo;
@@ -89,12 +107,7 @@ U* radix_words(U* a, U* tmp, int64_t m, int lo, int hi, std::vector<uint32_t>& h
     uint32_t* hd = h + dg * 256;
     const int shift = 8 * (lo + dg);
     if (hd[(a[0] >> shift) & 0xFF] == static_cast<uint32_t>(m)) continue;  // all words share this byte
-    uint32_t sum = 0;
-    for (int b = 0; b < 256; ++b) {
-      const uint32_t c = hd[b];
-      hd[b] = sum;
-      sum += c;
-    }
+    exclusive_scan_256(hd);
     for (int64_t r = 0; r < m; ++r) {
       const U w = a[r];
       tmp[hd[(w >> shift) & 0xFF]++] = w;
@@ -139,18 +152,8 @@ bool bucket_words(U* a, U* tmp, int64_t m, const KeyOf& key_of, std::vector<uint
   }
   if (crowded > 32) return false;
   for (int64_t r = 0; r < m; ++r) tmp[cnt[bk[r]]++] = a[r];
-  // Nearly sorted now (disorder only inside buckets): one insertion pass,
-  // whose branches mispredict only at the few inversions.
-  for (int64_t i = 1; i < m; ++i) {
-    const U w = tmp[i];
-    if (!(tmp[i - 1] > w)) continue;
-    int64_t j = i - 1;
-    while (j >= 0 && tmp[j] > w) {
-      tmp[j + 1] = tmp[j];
-      --j;
-    }
-    tmp[j + 1] = w;
-  }
+  // Nearly sorted now (disorder only inside buckets): one insertion pass.
+  insertion_words(tmp, m);
   return true;
 }
 
@@ -214,12 +217,7 @@ void sort_order(int64_t m, const Get& get, SortScratch<T>& s, std::vector<int32_
   for (int dg = 0; dg < kDigits; ++dg) {
     uint32_t* hd = h + dg * 256;
     if (hd[(ks[0] >> (8 * dg)) & 0xFF] == static_cast<uint32_t>(m)) continue;  // all keys share this digit
-    uint32_t sum = 0;
-    for (int b = 0; b < 256; ++b) {
-      const uint32_t c = hd[b];
-      hd[b] = sum;
-      sum += c;
-    }
+    exclusive_scan_256(hd);
     for (int64_t r = 0; r < m; ++r) {
       const K key = ks[r];
       const uint32_t pos = hd[(key >> (8 * dg)) & 0xFF]++;

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "asap/error.h"
+#include "math/potential.h"
 
 namespace asap {
 
@@ -39,20 +40,6 @@ void build_u(const std::vector<double>& xs, const std::vector<double>& ys, std::
   u.resize(xs.size());
   u[0] = 0;
   for (size_t r = 0; r + 1 < xs.size(); ++r) u[r + 1] = u[r] + ys[r] * (xs[r + 1] - xs[r]);
-}
-
-// phi(p) = p^2/2 - u(p), with u extended by its outer rays.
-double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys, const std::vector<double>& u,
-                      double p) {
-  double up;
-  if (p < xs.front()) {
-    up = ys.front() * (p - xs.front());
-  } else {
-    // Last rank r with xs[r] <= p; the slope right of it is ys[r].
-    const int64_t r = std::upper_bound(xs.begin(), xs.end(), p) - xs.begin() - 1;
-    up = u[r] + ys[r] * (p - xs[r]);
-  }
-  return 0.5 * p * p - up;
 }
 
 }  // namespace
@@ -94,7 +81,7 @@ Potential1D::Potential1D(const double* x, const double* y, int64_t m) {
   for (int64_t r = 0; r < m; ++r) phi_in_[ix[r]] = 0.5 * xs_[r] * xs_[r] - u_[r];
 }
 
-double Potential1D::operator()(double p) const { return eval_potential(xs_, ys_, u_, p); }
+double Potential1D::operator()(double p) const { return detail::eval_potential(xs_, ys_, u_, p); }
 
 namespace {
 
@@ -132,7 +119,7 @@ void slice_potential(const T* x, const T* y, const bool* key_active, const bool*
       continue;
     }
     if (!key_active[i])  // a padded query that carries mass: the extension
-      out[i * out_stride] = static_cast<T>(eval_potential(xs, ys, u, static_cast<double>(x[i])));
+      out[i * out_stride] = static_cast<T>(detail::eval_potential(xs, ys, u, static_cast<double>(x[i])));
     sum += static_cast<double>(out[i * out_stride]);
     ++count;
   }

@@ -7,6 +7,7 @@
 #include "asap/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
+#include "runtime/checks.h"
 
 namespace asap {
 
@@ -18,8 +19,9 @@ Convention convention_of(const LayerSpec& s) {
   return c;
 }
 
-LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
-                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
+namespace detail {
+
+void check_layer_inputs(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const LayerSpec& s = L.spec;
   ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
              "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
@@ -27,6 +29,14 @@ LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, con
              k.sizes());
   ASAP_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == s.heads && v.size(2) == q.size(2), "layer '",
              s.name, "': v must be [", q.size(0), ", ", s.heads, ", ", q.size(2), ", dv], found ", v.sizes());
+}
+
+}  // namespace detail
+
+LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
+  const LayerSpec& s = L.spec;
+  detail::check_layer_inputs(L, q, k, v);
   ASAP_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "layer '", s.name,
              "': q, k, v must be float32 or float64, found ", q.scalar_type());
   const int closures = opt.closures > 0 ? opt.closures : L.default_closures;
