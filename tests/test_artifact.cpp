@@ -14,6 +14,7 @@
 #include "asap/artifact.h"
 #include "asap/error.h"
 #include "asap/runtime.h"
+#include "asap/teacher.h"
 #include "io/h5util.h"
 #include "test_util.h"
 
@@ -271,7 +272,7 @@ TEST_CASE("artifact: corrupt - future version") {
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 7, where_of(path)); });
-  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 2");
+  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 3");
 }
 
 TEST_CASE("artifact: corrupt - missing coef dataset") {
@@ -527,4 +528,52 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});
       CHECK_CLOSE_T(asap::run_layer(B, q, k, v, at::Tensor()).out, asap::run_layer(L, q, k, v, at::Tensor()).out, 0.0);
     }
+}
+
+TEST_CASE("artifact: Sinkhorn and teacher operators round trip as format version 3 and run the teacher loop") {
+  TempDir tmp;
+  for (auto kind : {asap::OperatorKind::kSinkhorn, asap::OperatorKind::kTeacher}) {
+    CAPTURE(asap::operator_kind_name(kind));
+    asap::Artifact art = sample_artifact();
+    auto& L = art.layers[1];  // the q/k/v layer without weights
+    L.kind = kind;
+    L.sinkhorn_steps = kind == asap::OperatorKind::kSinkhorn ? L.spec.T - 1 : 0;
+    L.family = asap::FeatureFamily{};
+    L.theta = at::zeros({L.spec.head_dim, 0}, at::kDouble);
+    L.coef = at::zeros({1, 0}, at::kDouble);
+    L.per_head = false;
+    const std::string path = tmp.file(std::string(asap::operator_kind_name(kind)) + ".h5");
+    asap::write_artifact(path, art);
+    auto back = asap::read_artifact(path);
+    CHECK(back.format_version == 3);
+    const auto& B = back.layers[1];
+    CHECK(B.kind == kind);
+    CHECK(B.sinkhorn_steps == L.sinkhorn_steps);
+    CHECK(B.lse_passes() == (kind == asap::OperatorKind::kSinkhorn ? L.spec.T - 1 : L.spec.T));
+    CHECK(back.layers[0].kind == asap::OperatorKind::kAsap);  // the other layer is untouched
+    at::manual_seed(6);
+    auto q = at::randn({2, L.spec.heads, 9, L.spec.head_dim}), k = at::randn({2, L.spec.heads, 9, L.spec.head_dim});
+    auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});
+    auto ref = asap::run_teacher_reference(q, k, v, at::Tensor(), L.spec.score_scale, B.lse_passes(),
+                                           asap::convention_of(L.spec), false);
+    CHECK_CLOSE_T(asap::run_layer(B, q, k, v, at::Tensor()).out, ref.O, 1e-5);
+    CHECK_CLOSE_T(asap::run_layer_reference(B, q, k, v, at::Tensor()).out, ref.O, 1e-10);
+    // Version 2 readers' files cannot hold the kind; a Sinkhorn budget must be below T.
+    edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 2, where_of(path)); });
+    CHECK(read_error(path).find("needs format_version 3, but the file says 2") != std::string::npos);
+  }
+  asap::Artifact art = sample_artifact();
+  auto& L = art.layers[1];
+  L.kind = asap::OperatorKind::kSinkhorn;
+  L.sinkhorn_steps = L.spec.T;
+  L.family = asap::FeatureFamily{};
+  L.theta = at::zeros({L.spec.head_dim, 0}, at::kDouble);
+  L.coef = at::zeros({1, 0}, at::kDouble);
+  CHECK_THROWS_WITH_AS(asap::write_artifact(tmp.file("bad.h5"), art),
+                       doctest::Contains("sinkhorn_steps (T') must be in 1..T-1"), asap::Error);
+  L.sinkhorn_steps = 1;
+  L.family.alpha = true;
+  CHECK_THROWS_WITH_AS(asap::write_artifact(tmp.file("bad.h5"), art),
+                       doctest::Contains("operator has no feature columns"), asap::Error);
+  CHECK(!std::filesystem::exists(tmp.file("bad.h5")));
 }

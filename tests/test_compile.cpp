@@ -10,25 +10,163 @@
 #include "asap/compile.h"
 #include "asap/error.h"
 #include "asap/runtime.h"
+#include "compile/choose.h"
 #include "compile_fixture.h"
+#include "io/layer_stream.h"
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "asap/teacher.h"
 
 using namespace asap_test;
 
-TEST_CASE("compile: fixture ViT end to end; choices respect the budget and are the held-out best") {
+namespace {
+
+// Latencies by rule, never by clock: the teacher 1 s per pass, Sinkhorn T'
+// T' s, ASAP (feature passes + k) s plus `per_slice` s per slice. Counts
+// what it is asked to time.
+struct RuleLatency : asap::LatencyModel {
+  double per_slice = 0.01;
+  double asap_extra = 0.2;  // predicting the dual, the projections
+  int calls = 0;
+  std::vector<std::string> timed;
+  std::vector<double> measure(const asap::LayerSpec&, const std::vector<asap::OperatorConfig>& ops) override {
+    ++calls;
+    std::vector<double> out;
+    for (const auto& op : ops) {
+      timed.push_back(op.key());
+      double t = op.lse_passes();
+      if (op.kind == asap::OperatorKind::kAsap) t += asap_extra + per_slice * static_cast<double>(op.family.slices);
+      out.push_back(t);
+    }
+    return out;
+  }
+  nlohmann::json describe() const override { return {{"source", "rule"}}; }
+  bool was_timed(const std::string& key) const { return std::find(timed.begin(), timed.end(), key) != timed.end(); }
+};
+
+using asap::compile_detail::OperatorCandidate;
+
+OperatorCandidate loop_op(asap::OperatorKind kind, int steps, double err) {
+  OperatorCandidate c;
+  c.op.kind = kind;
+  c.op.steps = steps;
+  c.name = (kind == asap::OperatorKind::kTeacher ? "teacher T=" : "sinkhorn T'=") + std::to_string(steps);
+  c.error = err;
+  return c;
+}
+OperatorCandidate asap_op(int64_t slices, bool softmax, int k, double err) {
+  OperatorCandidate c;
+  c.op.family.slices = slices;
+  c.op.family.alpha = true;
+  c.op.family.softmax_dual = softmax;
+  c.op.closures = k;
+  c.name = c.op.family.name() + " k=" + std::to_string(k);
+  c.error = err;
+  c.fit = 0;
+  return c;
+}
+
+// Teacher T = 6; Sinkhorn T' = 1..5 with errors 0.6, 0.3, 0.2, 0.07, 0.1.
+std::vector<OperatorCandidate> synthetic_candidates() {
+  using K = asap::OperatorKind;
+  std::vector<OperatorCandidate> c{loop_op(K::kTeacher, 6, 0)};
+  const double sink[] = {0.6, 0.3, 0.2, 0.07, 0.1};
+  for (int t = 1; t <= 5; ++t) c.push_back(loop_op(K::kSinkhorn, t, sink[t - 1]));
+  c.push_back(asap_op(64, true, 3, 0.01));  // 4 passes + 0.84: 4.84 s, too slow for 1.25x (4.8 s)
+  c.push_back(asap_op(16, true, 2, 0.03));  // 3 passes + 0.36: 3.36 s
+  c.push_back(asap_op(0, true, 1, 0.05));   // 2 passes + 0.2: 2.2 s
+  c.push_back(asap_op(0, false, 6, 0.02));  // 6 passes: bound 0.9 * 6 s > 4.8 s, never timed
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("compile: choice on known latencies -- each objective, lazy timing, Sinkhorn and fallback") {
+  auto spec = vit_spec(6).layers[0];
+  asap::compile_detail::ChoiceOptions o;
+  SUBCASE("min-speedup: the most accurate within teacher / 1.25, timing only what could win") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    REQUIRE(ch.index >= 0);
+    CHECK(c[static_cast<size_t>(ch.index)].name == "L16+alpha+softmax k=2");
+    CHECK(ch.target_met);
+    CHECK(ch.teacher_latency == doctest::Approx(6.0));
+    CHECK(c[static_cast<size_t>(ch.index)].latency == doctest::Approx(3.36));
+    CHECK(lat.was_timed("asap-L64+alpha+softmax-k3"));   // more accurate: had to be timed, and is too slow
+    CHECK(!lat.was_timed("asap-alpha-k6"));             // its passes alone exceed the target
+    CHECK(ch.decision.find("L16+alpha+softmax k=2") == 0);
+    CHECK(ch.decision.find("1.79x") != std::string::npos);
+    CHECK(ch.decision.find("sinkhorn T'=3") != std::string::npos);  // the best Sinkhorn no slower: T' <= 3.36 s
+  }
+  SUBCASE("min-speedup: plain Sinkhorn wins when every ASAP map is slow, and the decision says so") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    lat.per_slice = 1.0;
+    lat.asap_extra = 3.0;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    CHECK(c[static_cast<size_t>(ch.index)].op.kind == asap::OperatorKind::kSinkhorn);
+    CHECK(c[static_cast<size_t>(ch.index)].op.steps == 4);
+    CHECK(ch.target_met);
+    CHECK(ch.decision.find("no ASAP map runs at 1.25x") != std::string::npos);
+  }
+  SUBCASE("min-speedup: an unreachable speed-up falls back to the most accurate faster than the teacher") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    o.min_speedup = 100;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    CHECK(!ch.target_met);
+    CHECK(c[static_cast<size_t>(ch.index)].name == "L64+alpha+softmax k=3");  // 4.84 s < 6 s
+    CHECK(ch.decision.find("no operator reaches 100.00x") != std::string::npos);
+  }
+  SUBCASE("max-error: the fastest within the bound") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    o.objective = asap::Objective::kMaxError;
+    o.max_error = 0.08;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    CHECK(c[static_cast<size_t>(ch.index)].name == "alpha+softmax k=1");  // 0.05 at 2.2 s; T'=4 is 0.07 at 4 s
+    CHECK(ch.target_met);
+    o.max_error = 0.001;  // only the teacher
+    auto c2 = synthetic_candidates();
+    auto ch2 = asap::compile_detail::choose_operator(c2, spec, o, lat);
+    CHECK(c2[static_cast<size_t>(ch2.index)].op.kind == asap::OperatorKind::kTeacher);
+  }
+  SUBCASE("fidelity: the most accurate ASAP map within the pass budget, whatever its latency") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    o.objective = asap::Objective::kFidelity;
+    o.pass_budget = 4;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    CHECK(c[static_cast<size_t>(ch.index)].name == "L64+alpha+softmax k=3");
+  }
+  SUBCASE("a fixed --closures restricts ASAP candidates to that k") {
+    auto c = synthetic_candidates();
+    RuleLatency lat;
+    o.fixed_closures = 1;
+    auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
+    CHECK(c[static_cast<size_t>(ch.index)].name == "alpha+softmax k=1");
+  }
+}
+
+TEST_CASE("compile: fixture ViT end to end under --objective fidelity, choices respect the budget and are the held-out best") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 60, 1);
   asap::write_spec(dir / "spec.json", vit_spec(6));
   asap::CompileOptions o;
   o.slice_bank = 16;
+  o.objective = asap::Objective::kFidelity;
+  o.latency = std::make_shared<RuleLatency>();
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   REQUIRE(r.artifact.layers.size() == 2);
   CHECK(r.artifact.teacher_sha256 == asap::load_checkpoint(vit_checkpoint()).sha256);
   for (size_t i = 0; i < 2; ++i) {
     const auto& L = r.artifact.layers[i];
     const auto& s = r.summary["layers"][i];
+    REQUIRE(L.kind == asap::OperatorKind::kAsap);
     CHECK(L.coef.size(1) == L.family.num_columns());
     CHECK(L.coef.size(0) == (L.per_head ? 2 : 1));
-    CHECK(L.theta.sizes() == std::vector<int64_t>{16, 16});
+    CHECK(L.theta.sizes() == std::vector<int64_t>{16, L.family.slices});  // the bank prefix the family uses
     CHECK(s["data_driven_selection"].get<bool>());
     CHECK(s["train_examples"].get<int64_t>() + s["heldout_examples"].get<int64_t>() == 60);
     const int budget = s["pass_budget"];
@@ -42,9 +180,12 @@ TEST_CASE("compile: fixture ViT end to end; choices respect the budget and are t
       for (size_t k = 0; k < errs.size(); ++k)
         if (passes[k].get<int>() <= budget) CHECK(chosen <= errs[k].get<double>() + 1e-15);
     }
-    // Artifact round trip: the reloaded layer computes the same outputs.
+    for (const char* phase : {"read", "teacher", "features", "statistics", "solve", "selection", "latency"})
+      CHECK(s["phase_times_s"][phase].get<double>() >= 0.0);
+    CHECK(s["latency"]["source"]["source"] == "rule");
     asap::write_artifact(dir / "a.h5", r.artifact);
   }
+  // Artifact round trip: the reloaded layer computes the same outputs.
   auto back = asap::CompiledModel::load(dir / "a.h5");
   at::manual_seed(3);
   auto x = at::randn({2, 17, 32});
@@ -53,47 +194,145 @@ TEST_CASE("compile: fixture ViT end to end; choices respect the budget and are t
     CHECK_CLOSE_T(back->forward(name, x), mem.forward(name, x), 0.0);
 }
 
-TEST_CASE("compile: --slice-cost counts slices against the pass budget") {
+TEST_CASE("compile: the default objective on known latencies, Sinkhorn errors match the reference loop") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 60, 1);
   asap::write_spec(dir / "spec.json", vit_spec(6));
   asap::CompileOptions o;
   o.slice_bank = 16;
+  o.selection_examples = 6;
   o.layers = {"transformer.layers.0.0.fn"};
-  o.slice_cost = 0.5;  // each slice costs half a pass: 4 passes of budget leave few slices
-  o.selection_examples = 5;
+  auto lat = std::make_shared<RuleLatency>();
+  o.latency = lat;
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const auto& s = r.summary["layers"][0];
+  CHECK(s["objective"]["name"] == "min-speedup");
+  // The stored operator is the most accurate one of the table within 6 s / 1.25.
+  const auto& table = s["latency"]["choice"]["operators"];
+  const double chosen = s["chosen"]["heldout_attention_error"];
+  CHECK(s["chosen"]["latency_s"].get<double>() <= 4.8 + 1e-9);
+  for (const auto& op : table)
+    if (!op["latency_s"].is_null() && op["latency_s"].get<double>() <= 4.8 && op["selectable"].get<bool>())
+      CHECK(chosen <= op["heldout_attention_error"].get<double>() + 1e-15);
+  CHECK(s["target_met"].get<bool>());
+  // Sinkhorn T' = 1..5 errors against the ATen reference loop on the same held-out examples.
+  auto ck = asap::load_checkpoint(vit_checkpoint());
+  asap::CalibFile calib(dir / "calib.h5");
+  const asap::TeacherSpec tspec = asap::read_spec(dir / "spec.json");
+  const auto& spec = *tspec.find("transformer.layers.0.0.fn");
+  asap::LayerStream stream(calib, spec, ck, false);
+  std::vector<int64_t> idx;
+  for (int64_t e = 0; e < 60 && idx.size() < 6; ++e)
+    if (asap::in_heldout_split(1234, 0.2, e)) idx.push_back(e);
+  auto b = stream.read_indices(idx);
+  const auto conv = asap::convention_of(spec);
+  auto At = asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, 6, conv, true).A.to(at::kDouble);
+  for (int Tp = 1; Tp <= 5; ++Tp) {
+    auto A = asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, Tp, conv, true).A.to(at::kDouble);
+    const double ref = ((A - At).pow(2).sum({-2, -1}).sqrt() / At.pow(2).sum({-2, -1}).sqrt()).mean().item<double>();
+    CHECK(s["sinkhorn_heldout_attention_error"][Tp - 1].get<double>() == doctest::Approx(ref).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("compile: a layer where plain Sinkhorn wins stores it, it round-trips and runs as the teacher loop") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 60, 1);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.slice_bank = 8;
+  o.selection_examples = 6;
+  auto lat = std::make_shared<RuleLatency>();
+  lat->asap_extra = 10;  // no ASAP map is faster than the teacher
+  o.latency = lat;
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& L = r.artifact.layers[i];
+    const auto& s = r.summary["layers"][i];
+    REQUIRE(L.kind == asap::OperatorKind::kSinkhorn);
+    // The most accurate Sinkhorn budget within 4.8 s: T' <= 4.
+    int best = 1;
+    for (int t = 1; t <= 4; ++t)
+      if (s["sinkhorn_heldout_attention_error"][t - 1].get<double>() <
+          s["sinkhorn_heldout_attention_error"][best - 1].get<double>())
+        best = t;
+    CHECK(L.sinkhorn_steps == best);
+    CHECK(s["chosen"]["operator"] == "sinkhorn");
+    CHECK(s["decision"].get<std::string>().find("no ASAP map runs at 1.25x") != std::string::npos);
+  }
+  asap::write_artifact(dir / "s.h5", r.artifact);
+  auto back = asap::CompiledModel::load(dir / "s.h5");
+  CHECK(back->artifact().format_version == 3);
+  at::manual_seed(4);
+  auto q = at::randn({2, 2, 17, 16}), k = at::randn({2, 2, 17, 16}), v = at::randn({2, 2, 17, 16});
+  for (const auto& L : back->artifact().layers) {
+    auto ref = asap::run_teacher_reference(q, k, v, at::Tensor(), L.spec.score_scale, L.sinkhorn_steps,
+                                           asap::convention_of(L.spec), false);
+    CHECK_CLOSE_T(back->attend(L.spec.name, q, k, v).out, ref.O, 1e-5);
+    asap::RunOptions ro;
+    ro.closures = 2;
+    CHECK_THROWS_WITH_AS(back->attend(L.spec.name, q, k, v, at::Tensor(), ro),
+                         doctest::Contains("has no closures to set"), asap::Error);
+  }
+}
+
+TEST_CASE("compile: families without slices are candidates, --no-zero-parameter keeps ASAP maps only") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 60, 1);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.selection_examples = 6;
+  o.layers = {"transformer.layers.0.0.fn"};
+  o.candidates = {{"alpha+softmax+sinkhorn3", true}, {"alpha", false}};
+  auto lat = std::make_shared<RuleLatency>();
+  lat->asap_extra = 10;
+  o.latency = lat;
+  o.zero_parameter_operators = false;
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const auto& L = r.artifact.layers[0];
-  const auto& s = r.summary["layers"][0];
-  CHECK(s["slice_cost_passes"].get<double>() == 0.5);
-  CHECK(s["selection_examples"].get<int64_t>() == 5);  // of more held-out examples
-  CHECK(s["heldout_examples"].get<int64_t>() > 5);
-  for (const char* phase : {"read", "teacher", "features", "statistics", "solve", "selection"})
-    CHECK(s["phase_times_s"][phase].get<double>() >= 0.0);
-  const int budget = s["pass_budget"];
-  auto cost = [](const asap::FeatureFamily& f, int k) { return asap::lse_passes(f, k) + 0.5 * f.slices; };
-  CHECK(cost(L.family, L.default_closures) <= budget);
-  CHECK(s["chosen"]["cost_passes"].get<double>() == cost(L.family, L.default_closures));
-  // Every candidate but the paper's reference map kept to slices that fit with one closure,
-  // and the chosen operator is the lowest error among those within the budget by cost.
-  const double chosen = s["chosen"]["heldout_attention_error"];
-  for (const auto& c : s["candidates"]) {
-    const int64_t Lc = c["slices"];
-    const auto& errs = c["heldout_attention_error_by_k"];
-    const auto& passes = c["lse_passes_by_k"];
-    const std::string name = c["candidate"];
-    const int feature_passes = name.find("sinkhorn3") != std::string::npos ? 3
-                               : name.find("softmax") != std::string::npos ? 1
-                                                                           : 0;
-    if (name != "slices/pooled" && Lc > 1) CHECK(1 + feature_passes + 0.5 * Lc <= budget);
-    for (size_t k = 0; k < errs.size(); ++k)
-      if (passes[k].get<int>() + 0.5 * Lc <= budget) CHECK(chosen <= errs[k].get<double>() + 1e-15);
+  CHECK(L.kind == asap::OperatorKind::kAsap);
+  CHECK(L.family.slices == 0);
+  CHECK(L.theta.size(1) == 0);  // the artifact keeps the bank prefix the family uses
+  CHECK(!r.summary["layers"][0]["target_met"].get<bool>());  // nothing ASAP reaches 1.25x here
+  o.candidates = std::vector<asap::Candidate>{asap::Candidate{"alpha+sinkhorn3", false}};
+  CHECK_THROWS_WITH_AS(asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o),
+                       doctest::Contains("unknown feature set 'alpha+sinkhorn3'"), asap::Error);
+}
+
+TEST_CASE("compile: a latency table from a file drives the choice, a missing key is named") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 60, 1);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  const std::string loops = R"("teacher": 6, "sinkhorn-1": 1, "sinkhorn-2": 2, "sinkhorn-3": 3, "sinkhorn-4": 4, "sinkhorn-5": 5)";
+  {
+    std::ofstream f(dir / "lat.json");
+    f << "{\"*\": {" << loops << "}}";
   }
-  // With slices free (the default) the same data may use the whole bank.
-  o.slice_cost = 0;
-  auto free = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  CHECK(free.summary["layers"][0]["slice_cost_passes"].get<double>() == 0.0);
-  CHECK(asap::default_slice_cost(1024) == doctest::Approx(8.0 * 10 / 1024));
+  asap::CompileOptions o;
+  o.candidates = {{"alpha", false}};
+  o.layers = {"transformer.layers.0.0.fn"};
+  o.selection_examples = 6;
+  o.zero_parameter_operators = false;  // the alpha maps must be timed
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  CHECK_THROWS_WITH_AS(asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o),
+                       doctest::Contains("has no latency for operator 'asap-alpha-k"), asap::Error);
+  {
+    std::ofstream f(dir / "lat.json");
+    f << "{\"transformer.layers.0.0.fn\": {" << loops
+      << R"(, "asap-alpha-k1": 0.5, "asap-alpha-k2": 0.6, "asap-alpha-k3": 0.7, "asap-alpha-k4": 0.8, "asap-alpha-k5": 5.5}})";
+  }
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const auto& s = r.summary["layers"][0];
+  CHECK(s["latency"]["source"]["source"] == "table");
+  const int k = r.artifact.layers[0].default_closures;
+  CHECK(k <= 4);  // k = 5 takes 5.5 s > 6 s / 1.25
+  CHECK(s["chosen"]["latency_s"].get<double>() == doctest::Approx(0.4 + 0.1 * k));
+  {
+    std::ofstream f(dir / "bad.json");
+    f << "{not json";
+  }
+  CHECK_THROWS_WITH_AS(asap::latency_table_from_file(dir / "bad.json"), doctest::Contains("is not valid JSON"),
+                       asap::Error);
 }
 
 TEST_CASE("compile: a fixed family, ridge, slices and closures are honoured") {
@@ -178,13 +417,25 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
                 &out) == 2);
   CHECK(out.find("asapc: error: cannot open checkpoint") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "a.h5"));
-  // Options of issue 9: a malformed --slice-cost, a negative --selection-examples.
+  // A negative --selection-examples; objectives and their numbers.
   asap::write_spec(dir / "spec.json", vit_spec(6));
   write_vit_calib(dir / "calib.h5", 12, 3);
   const std::string base = std::string(ASAPC_EXE) + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" +
                            " --calib " + dir / "calib.h5" + " -q -o " + dir / "a.h5";
-  CHECK(run_cmd(base + " --slice-cost fast", &out) == 2);
-  CHECK(out.find("--slice-cost: expected 'auto' or a number >= 0, found 'fast'") != std::string::npos);
+  CHECK(run_cmd(base + " --objective fastest", &out) == 2);
+  CHECK(out.find("--objective must be min-speedup, max-error or fidelity, found 'fastest'") != std::string::npos);
+  CHECK(run_cmd(base + " --objective max-error", &out) == 2);
+  CHECK(out.find("--objective max-error needs --max-error E") != std::string::npos);
+  CHECK(run_cmd(base + " --max-error 0.1", &out) == 2);
+  CHECK(out.find("--max-error needs --objective max-error") != std::string::npos);
+  CHECK(run_cmd(base + " --min-speedup 0", &out) == 2);
+  CHECK(out.find("--min-speedup must be a finite number > 0, found 0") != std::string::npos);
+  CHECK(run_cmd(base + " --deploy-batch 0", &out) == 2);
+  CHECK(out.find("--deploy-batch must be at least 1, found 0") != std::string::npos);
+  CHECK(run_cmd(base + " --features alpha+sinkhorn3", &out) == 2);
+  CHECK(out.find("--features takes slices") != std::string::npos);
+  CHECK(run_cmd(base + " --latency-table " + dir / "none.json", &out) == 2);
+  CHECK(out.find("cannot be opened") != std::string::npos);
   CHECK(run_cmd(base + " --selection-examples -1", &out) == 2);
   CHECK(out.find("--selection-examples must be at least 0 (0 = all), found -1") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "a.h5"));

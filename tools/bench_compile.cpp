@@ -42,7 +42,7 @@
 #include "asap/runtime.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
-#include "compile/stream.h"
+#include "io/layer_stream.h"
 
 namespace {
 

@@ -24,7 +24,13 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 //   2 -- feature group "sinkhorn_dual3" (the teacher's dual after 3 steps).
 //        Files without it are written as version 1, so older readers still
 //        read them; version-1 files read unchanged.
-constexpr int kArtifactVersion = 2;
+//   3 -- operator kinds (layer attribute "operator"): a layer may store a
+//        reduced-budget Sinkhorn normalizer ("sinkhorn", with
+//        "sinkhorn_steps" = T' < T) or the exact teacher ("teacher")
+//        instead of an ASAP map; such layers have no feature columns.
+//        Files whose layers are all ASAP maps keep the oldest version that
+//        can express them.
+constexpr int kArtifactVersion = 3;
 constexpr int kArtifactOldestReadable = 1;
 
 // Which columns the feature matrix Psi holds, in this fixed order:
@@ -48,7 +54,20 @@ struct FeatureFamily {
   }
 };
 
+// What a compiled layer runs at inference (format version 3). The
+// zero-parameter kinds are what compile stores when, on this machine and
+// shape, no ASAP map is both faster than the teacher and closer to it than
+// Sinkhorn of equal latency (docs/decisions.md).
+enum class OperatorKind {
+  kAsap,      // predicted dual + default_closures closures (asap-math.md section 5)
+  kSinkhorn,  // the teacher's own loop cut to sinkhorn_steps = T' < T half-steps
+  kTeacher,   // the exact teacher: T half-steps
+};
+const char* operator_kind_name(OperatorKind k);  // "asap", "sinkhorn", "teacher"
+
 struct CompiledLayer {
+  OperatorKind kind = OperatorKind::kAsap;
+  int sinkhorn_steps = 0;  // T' for kSinkhorn (1 <= T' < T); 0 otherwise
   LayerSpec spec;          // teacher conventions: name, heads, dims, scale, eps, T, mask, n-multiplier
   at::Tensor theta;        // [head_dim, slices_stored] float64, unit-norm columns
   FeatureFamily family;    // family.slices <= theta.size(1): a prefix of the bank is used
@@ -57,6 +76,11 @@ struct CompiledLayer {
   int default_closures = 0;  // k used when the caller does not ask
   LayerWeights weights;      // projections (may be undefined when compiled from q/k/v)
   std::string fit_json;      // fit options, diagnostics and selection, as JSON text
+  // Log-sum-exp half-steps the layer runs: T' (sinkhorn), T (teacher), or
+  // the features' passes plus the default closures (asap).
+  int lse_passes() const;
+  // "asap L16+alpha+softmax/head k=1", "sinkhorn T'=4", "teacher T=6".
+  std::string describe() const;
 };
 
 struct Artifact {

@@ -1,16 +1,22 @@
 // asap/compile.h -- the compile pipeline (issue: `asapc compile`).
 //
-// Per layer, streaming the calibration file in bounded batches:
-// projections -> finite teacher -> closure-ready dual -> centered
-// cost-coordinate target -> slice bank -> feature columns -> per-head LS
-// sufficient statistics (train / held-out split by example). Ridge, slice
-// count and feature family are chosen from held-out statistics (no second
-// pass); the feature family, head pooling and default number of closures
-// are then chosen by held-out attention error against the teacher, within a
-// budget of log-sum-exp passes.
+// Per layer, the phases of src/lib/compile/ (compile.cpp reads as the list):
+//   statistics  stream the calibration file in bounded batches: projections,
+//               finite teacher, closure-ready dual, feature columns, per-head
+//               LS sufficient statistics on a train / held-out split;
+//   fits        per feature family, pooling and slice prefix, the ridge with
+//               the lowest held-out dual MSE (from statistics, no pass);
+//   errors      held-out attention error of every candidate operator: each
+//               fit with k closures, Sinkhorn with T' < T, the teacher;
+//   latency     the fused operators timed on this machine at the deployment
+//               shape (only candidates whose error could make them win);
+//   choice      the objective (default: the most accurate operator at least
+//               --min-speedup times faster than the teacher);
+//   artifact    the chosen operator, its fit record and the latency table.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -29,22 +35,66 @@ struct ProgressEvent {
 
 // One candidate operator: a feature family and whether coefficients are per head.
 struct Candidate {
-  std::string features;  // "slices", "slices+alpha", "slices+alpha+softmax"
+  // "slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"
+  // (slice prefixes from 0), or "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3" (no slices)
+  std::string features;
   bool per_head = false;
+};
+
+// An operator compile can choose, as far as its latency is concerned
+// (coefficients and pooling do not change the time).
+struct OperatorConfig {
+  OperatorKind kind = OperatorKind::kAsap;
+  FeatureFamily family;  // kAsap
+  int closures = 0;      // kAsap: k >= 1
+  int steps = 0;         // kSinkhorn: T'; kTeacher: T
+  // "teacher", "sinkhorn-3", "asap-L16+alpha+softmax-k1": the keys of a latency table.
+  std::string key() const;
+  // Log-sum-exp passes: T', T, or feature passes + k.
+  int lse_passes() const;
+};
+
+// Where compile's latencies come from. The default measures the fused
+// operators on this machine; tests and reproducible runs inject their own
+// (e.g. a table read from a file, --latency-table).
+class LatencyModel {
+ public:
+  virtual ~LatencyModel() = default;
+  // Seconds per call of each operator on `layer`'s deployment batch. The
+  // operators of one call are timed together (round-robin), so their ratios
+  // are measured in the same run.
+  virtual std::vector<double> measure(const LayerSpec& layer, const std::vector<OperatorConfig>& ops) = 0;
+  // What the numbers describe (CPU, instruction set, threads, source).
+  virtual nlohmann::json describe() const = 0;
+};
+
+// A latency table from a JSON file: {"layer name" or "*": {key: seconds}}
+// (keys as OperatorConfig::key()). Throws asap::Error naming the file when
+// it is unreadable, and the missing key when an operator is not listed.
+std::shared_ptr<LatencyModel> latency_table_from_file(const std::string& path);
+
+// What compile optimises (docs/decisions.md, "Choosing the operator").
+enum class Objective {
+  kMinSpeedup,  // most accurate operator with latency <= teacher / min_speedup
+  kMaxError,    // fastest operator with held-out attention error <= max_error
+  kFidelity,    // most accurate ASAP map within the log-sum-exp pass budget (the pre-latency behaviour)
 };
 
 struct CompileOptions {
   int64_t slice_bank = 64;                 // slices drawn and stored per layer
   std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
   int64_t fixed_slices = 0;                // > 0: use exactly this many slices
-  double slice_cost = 0;                   // pass-equivalents per slice counted in the budget:
-                                           // 0 = slices free (default, fidelity first),
-                                           // < 0 = default_slice_cost(n) (latency-aware)
-  std::vector<Candidate> candidates;       // empty = the three feature sets x {pooled, per head}
+  std::vector<Candidate> candidates;       // empty = the four slices+... families x {pooled, per head}
+  Objective objective = Objective::kMinSpeedup;
+  double min_speedup = 1.25;               // kMinSpeedup: required speed-up over the teacher
+  double max_error = -1;                   // kMaxError: attention error bound (> 0)
+  int64_t deploy_batch = 16;               // examples per call at which latency is measured
+  std::shared_ptr<LatencyModel> latency;   // null: measure the fused operators here
+  bool zero_parameter_operators = true;    // Sinkhorn T' < T and the teacher are candidates
   std::vector<double> ridge_grid;          // empty = default_ridge_grid()
   double ridge = -1;                       // >= 0: fixed LS ridge (no selection)
   int closures = 0;                        // > 0: fixed default number of closures
-  int max_passes = 0;                      // budget of LSE passes (closures + 1 for the softmax feature);
+  int max_passes = 0;                      // kFidelity: budget of LSE passes (feature passes + closures);
                                            // 0 = max(1, T - 2)
   int max_closures = 5;                    // closures evaluated on held-out data
   int64_t selection_examples = 64;         // held-out examples that run closures in the selection (0 = all)
@@ -80,10 +130,5 @@ bool in_heldout_split(uint64_t seed, double heldout_fraction, int64_t example);
 // Budget of LSE passes of a candidate: closures + 1 if it uses the softmax feature.
 int lse_passes(const FeatureFamily& f, int closures);
 
-// Estimated cost of one slice in log-sum-exp pass-equivalents at sequence
-// length n, 8 log2(n) / n: two sorts and a potential per slice against n^2
-// exponentials per pass, fitted to the fused kernels on an AVX-512 Xeon
-// (docs/performance.md).
-double default_slice_cost(int64_t n);
 
 }  // namespace asap

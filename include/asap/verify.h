@@ -21,7 +21,7 @@ struct VerifyOptions {
   int max_closures = 5;           // ASAP with k = 1..max_closures
   bool reduced_budgets = true;    // Sinkhorn normalizers with T' = 1..T-1
   bool time = true;               // measure latencies
-  int warmup = 1, repeats = 5;    // latency: median of repeats after warm-up
+  int warmup = 1, repeats = 0;    // latency: median of repeats after warm-up (0: about 50 ms per operator, 5-41)
   int64_t batch_size = 16;        // examples per batch (also the timed batch)
   int64_t max_examples = 0;       // > 0: only the first examples that pass the filter
   int64_t scatter_points = 1500;  // predicted vs teacher dual points kept for the plot
@@ -44,9 +44,10 @@ struct OperatorResult {
 struct LayerVerification {
   std::string name;
   int T = 0;
-  int default_closures = 0;
+  int default_closures = 0;        // ASAP layers; 0 when the layer stores Sinkhorn or the teacher
+  std::string default_operator;    // CompiledLayer::describe() of the stored operator
   int64_t examples = 0;
-  std::vector<OperatorResult> operators;  // teacher first, then asap k = 1.., then sinkhorn T' = 1..
+  std::vector<OperatorResult> operators;  // teacher first, then asap k = 1.. (ASAP layers), then sinkhorn T' = 1..
   std::vector<double> per_head_attention_error;  // default operator, per head
   std::vector<double> dual_pred, dual_teacher;   // scatter sample (centered, cost coordinates)
   double fit_time_s = -1;

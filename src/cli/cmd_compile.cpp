@@ -1,6 +1,7 @@
 // asapc compile: checkpoint + teacher spec + calibration file -> artifact.
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,9 @@ struct CompileArgs {
   std::vector<std::string> features;
   std::string heads = "auto";
   std::string report, report_json;
+  std::string objective = "min-speedup", latency_table;
+  double min_speedup = 1.25, max_error = -1;
+  bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
   bool quiet = false, json = false, no_report = false;
 };
@@ -36,13 +40,38 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   for (auto f : fs) {
     if (f == "paper") f = "slices";
     if (f == "all") f = "slices+alpha+softmax+sinkhorn3";
-    ASAP_CHECK(f == "slices" || f == "slices+alpha" || f == "slices+alpha+softmax" || f == "slices+alpha+softmax+sinkhorn3",
+    static const char* known[] = {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3",
+                                  "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3"};
+    ASAP_CHECK(std::find(std::begin(known), std::end(known), f) != std::end(known),
                "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
-               "slices+alpha+softmax+sinkhorn3 (alias all); found '", f, "'");
+               "slices+alpha+softmax+sinkhorn3 (alias all), alpha, alpha+softmax or alpha+softmax+sinkhorn3; found '",
+               f, "'");
     if (heads != "per-head") out.push_back({f, false});
     if (heads != "pooled") out.push_back({f, true});
   }
   return out;
+}
+
+// --objective with --min-speedup / --max-error, checked together.
+void apply_objective(CompileArgs& a) {
+  auto& o = a.opt;
+  if (a.objective == "min-speedup") {
+    ASAP_CHECK(!a.max_error_given, "--max-error needs --objective max-error");
+    o.objective = asap::Objective::kMinSpeedup;
+    o.min_speedup = a.min_speedup;
+  } else if (a.objective == "max-error") {
+    ASAP_CHECK(!a.min_speedup_given, "--min-speedup does not apply to --objective max-error");
+    ASAP_CHECK(a.max_error_given, "--objective max-error needs --max-error E");
+    o.objective = asap::Objective::kMaxError;
+    o.max_error = a.max_error;
+  } else if (a.objective == "fidelity") {
+    ASAP_CHECK(!a.min_speedup_given && !a.max_error_given,
+               "--objective fidelity takes neither --min-speedup nor --max-error");
+    o.objective = asap::Objective::kFidelity;
+  } else {
+    throw asap::Error(asap::str("--objective must be min-speedup, max-error or fidelity, found '", a.objective, "'"));
+  }
+  if (!a.latency_table.empty()) o.latency = asap::latency_table_from_file(a.latency_table);
 }
 
 void print_summary(const nlohmann::json& sum, const std::string& out) {
@@ -54,17 +83,21 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
   std::cout << line;
   for (const auto& l : sum["layers"]) {
     const auto& c = l["chosen"];
-    std::string op = c["family"].get<std::string>() + (c["per_head"].get<bool>() ? "/head" : "/pool");
+    const bool asap_op = c["operator"] == "asap";
+    std::string op = asap_op ? c["family"].get<std::string>() + (c["per_head"].get<bool>() ? "/head" : "/pool")
+                             : c["description"].get<std::string>();
     std::string name = l["layer"].get<std::string>();
     if (name.size() > 30) name = "..." + name.substr(name.size() - 27);
-    const double rmse = c["heldout_dual_rmse"].get<double>(), err = c["heldout_attention_error"].get<double>();
+    const double rmse = c.value("heldout_dual_rmse", -1.0), err = c["heldout_attention_error"].get<double>();
     std::snprintf(line, sizeof line, "%-30s %6lld %7lld %-34s %3d %8.0e %10s %10s %8s\n", name.c_str(),
                   static_cast<long long>(l["rows_used"].get<int64_t>()),
-                  static_cast<long long>(l["heldout_examples"].get<int64_t>()), op.c_str(), c["closures"].get<int>(),
-                  c["ridge"].get<double>(), rmse >= 0 ? std::to_string(rmse).substr(0, 7).c_str() : "-",
+                  static_cast<long long>(l["heldout_examples"].get<int64_t>()), op.c_str(),
+                  asap_op ? c["closures"].get<int>() : 0, asap_op ? c["ridge"].get<double>() : 0.0,
+                  rmse >= 0 ? std::to_string(rmse).substr(0, 7).c_str() : "-",
                   err >= 0 ? std::to_string(err).substr(0, 7).c_str() : "-",
                   human_seconds(l["fit_time_s"].get<double>()).c_str());
     std::cout << line;
+    if (!l["decision"].get<std::string>().empty()) std::cout << "    " << l["decision"].get<std::string>() << "\n";
     if (l.contains("kl")) {
       const auto& k = l["kl"];
       std::cout << "    KL fit: ridge " << k["ridge"].get<double>() << ", " << k["iterations"] << " Newton iterations"
@@ -93,7 +126,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried (default 0,1,2,4,8,... up to --slices)");
   c->add_option("--fixed-slices", o.fixed_slices, "use exactly this many slices (no selection)");
   c->add_option("--features", a->features,
-                "candidate feature sets: slices (paper), slices+alpha, slices+alpha+softmax (default: all three)");
+                "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the four slices+... families, slice prefixes from 0)");
   c->add_option("--heads-mode", a->heads, "coefficients pooled, per-head, or auto (both candidates)")
       ->capture_default_str();
   c->add_option("--ridge", o.ridge, "fixed LS ridge (default: chosen on held-out data)");
@@ -105,27 +138,23 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--max-passes", o.max_passes,
                 "budget of log-sum-exp passes for the default operator (default: T - 2, at least 1)");
   c->add_option("--max-closures", o.max_closures, "closures evaluated on held-out data")->capture_default_str();
-  c->add_option_function<std::string>(
-       "--slice-cost",
-       [&o](const std::string& v) {
-         if (v == "auto") {
-           o.slice_cost = -1;
-           return;
-         }
-         size_t used = 0;
-         double x = -1;
-         try {
-           x = std::stod(v, &used);
-         } catch (const std::exception&) {
-           used = 0;
-         }
-         if (used != v.size() || !(x >= 0))
-           throw CLI::ValidationError("--slice-cost", "expected 'auto' or a number >= 0, found '" + v + "'");
-         o.slice_cost = x;
-       },
-       "pass-equivalents each slice counts against --max-passes: 0 = slices are free (default, fidelity "
-       "first), auto = 8 log2(n)/n (latency-aware), or a number")
-      ->type_name("auto|X");
+  c->add_option("--objective", a->objective,
+                "what to optimise: min-speedup (the most accurate operator at least --min-speedup times faster than "
+                "the teacher), max-error (the fastest within --max-error), fidelity (the most accurate ASAP map "
+                "within --max-passes, no timing)")
+      ->capture_default_str();
+  c->add_option_function<double>(
+      "--min-speedup", [a](double x) { a->min_speedup = x, a->min_speedup_given = true; },
+      "required speed-up over the fused teacher, measured at the deployment shape (default 1.25)");
+  c->add_option_function<double>(
+      "--max-error", [a](double x) { a->max_error = x, a->max_error_given = true; },
+      "held-out attention error bound for --objective max-error");
+  c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
+      ->capture_default_str();
+  c->add_option("--latency-table", a->latency_table,
+                "take latencies from this JSON file ({layer or \"*\": {operator key: seconds}}) instead of measuring");
+  c->add_flag("--no-zero-parameter", [&o](int64_t) { o.zero_parameter_operators = false; },
+              "never store plain Sinkhorn or the teacher: ASAP maps only");
   c->add_option("--selection-examples", o.selection_examples,
                 "held-out examples that run the closures when choosing features and k (0 = all)")
       ->capture_default_str();
@@ -144,6 +173,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->callback([a, &run] {
     run = [a] {
       set_threads(a->threads);
+      apply_objective(*a);
       a->opt.candidates = candidates_of(a->features, a->heads);
       Progress bar(a->quiet);
       a->opt.progress = [&bar](const asap::ProgressEvent& e) {

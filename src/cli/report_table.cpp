@@ -21,9 +21,10 @@ std::string ms(double s) { return s < 0 ? "-" : num(s * 1e3, "%.3f") + " ms"; }
 std::string op_label(const nlohmann::json& o, int T) {
   const std::string kind = o["kind"];
   const int steps = o["steps"];
-  if (kind == "teacher") return "teacher T=" + std::to_string(steps);
+  const std::string star = o["default"].get<bool>() ? " *" : "";
+  if (kind == "teacher") return "teacher T=" + std::to_string(steps) + star;
   if (kind == "asap") return "ASAP k=" + std::to_string(steps) + (o["default"].get<bool>() ? " *" : "");
-  return "Sinkhorn T'=" + std::to_string(steps) + (o["teacher_ending"].get<bool>() ? "" : " (other end)");
+  return "Sinkhorn T'=" + std::to_string(steps) + (o["teacher_ending"].get<bool>() ? "" : " (other end)") + star;
   (void)T;
 }
 

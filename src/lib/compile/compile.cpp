@@ -1,5 +1,5 @@
-// The compile pipeline: calibration stream -> teacher duals -> features ->
-// sufficient statistics -> held-out selection -> compiled layers.
+// The compile pipeline (include/asap/compile.h): per layer, the phases of
+// compile/phases.h and compile/choose.h in order.
 #include "asap/compile.h"
 
 #include <ATen/ATen.h>
@@ -13,58 +13,20 @@
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
 #include "asap/error.h"
-#include "asap/fast.h"
 #include "asap/features.h"
 #include "asap/fit.h"
-#include "asap/layer.h"
-#include "asap/metrics.h"
-#include "asap/operator.h"
 #include "asap/runtime.h"
-#include "asap/teacher.h"
+#include "compile/choose.h"
 #include "compile/kl_fit.h"
-#include "compile/stream.h"
+#include "compile/phases.h"
+#include "io/layer_stream.h"
 
 namespace asap {
 
 using nlohmann::json;
+using namespace compile_detail;
 
 int lse_passes(const FeatureFamily& f, int closures) { return closures + f.feature_passes(); }
-
-double default_slice_cost(int64_t n) {
-  const double m = static_cast<double>(std::max<int64_t>(n, 2));
-  return 8.0 * std::log2(m) / m;
-}
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-FeatureFamily family_of(const std::string& features, int64_t slices) {
-  FeatureFamily f;
-  f.slices = slices;
-  if (features == "slices") return f;
-  if (features == "slices+alpha") {
-    f.alpha = true;
-    return f;
-  }
-  if (features == "slices+alpha+softmax") {
-    f.alpha = f.softmax_dual = true;
-    return f;
-  }
-  if (features == "slices+alpha+softmax+sinkhorn3") {
-    f.alpha = f.softmax_dual = f.sinkhorn_dual3 = true;
-    return f;
-  }
-  throw Error(str("unknown feature set '", features,
-                  "': expected slices, slices+alpha, slices+alpha+softmax or slices+alpha+softmax+sinkhorn3"));
-}
-
-std::string candidate_name(const Candidate& c) { return c.features + (c.per_head ? "/per-head" : "/pooled"); }
-
-}  // namespace
 
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(example) + 0x632BE59BD9B4E019ull;
@@ -75,6 +37,11 @@ bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
 }
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 uint64_t name_hash(const std::string& s) {  // FNV-1a: a per-layer seed offset
   uint64_t h = 1469598103934665603ull;
@@ -89,30 +56,26 @@ std::string utc_now() {
   return buf;
 }
 
-// The default closures for a teacher's ending within a pass budget.
-int default_closures_within(const LayerSpec& s, const FeatureFamily& f, int budget) {
-  const int preferred = (s.T % 2 == 0) ? 3 : 2;
-  for (int k = preferred; k >= 1; k -= 2)
-    if (lse_passes(f, k) <= budget) return k;
-  return 1;
+const char* objective_name(Objective o) {
+  switch (o) {
+    case Objective::kMinSpeedup:
+      return "min-speedup";
+    case Objective::kMaxError:
+      return "max-error";
+    case Objective::kFidelity:
+      return "fidelity";
+  }
+  return "?";
 }
 
-struct Fitted {
-  Candidate cand;
-  FeatureFamily family;
-  std::vector<int64_t> cols;
-  double lambda = 0;
-  double dual_mse = 0;
-  at::Tensor coef;
-  json slice_table = json::array();
-  std::vector<FidelityMetrics> by_k;  // held-out attention error for k = 1..(closures evaluated)
+// The validated options and what follows from them for every layer.
+struct Setup {
+  std::vector<int64_t> slice_counts;
+  std::vector<Candidate> candidates;
+  std::vector<double> grid;
 };
 
-}  // namespace
-
-CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path, const std::string& calib_path,
-                              const CompileOptions& opt) {
-  const auto t_all = Clock::now();
+Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.heldout_fraction >= 0 && opt.heldout_fraction < 1,
              "--heldout-fraction must be in [0, 1), found ", opt.heldout_fraction);
   ASAP_CHECK(opt.batch_size >= 1, "--batch-size must be at least 1, found ", opt.batch_size);
@@ -121,6 +84,134 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
   ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",
              opt.selection_examples);
+  ASAP_CHECK(opt.deploy_batch >= 1, "--deploy-batch must be at least 1, found ", opt.deploy_batch);
+  if (opt.objective == Objective::kMinSpeedup)
+    ASAP_CHECK(std::isfinite(opt.min_speedup) && opt.min_speedup > 0, "--min-speedup must be a finite number > 0, found ",
+               opt.min_speedup);
+  if (opt.objective == Objective::kMaxError)
+    ASAP_CHECK(std::isfinite(opt.max_error) && opt.max_error > 0, "--max-error must be a finite number > 0, found ",
+               opt.max_error);
+  Setup u;
+  u.slice_counts = opt.slice_counts;
+  if (opt.fixed_slices > 0) {
+    ASAP_CHECK(opt.fixed_slices <= opt.slice_bank, "--fixed-slices ", opt.fixed_slices, " exceeds the bank size ",
+               opt.slice_bank);
+    u.slice_counts = {opt.fixed_slices};
+  } else if (u.slice_counts.empty()) {
+    for (int64_t L : {0, 1, 2, 4, 8, 16, 32, 64, 128, 256})
+      if (L < opt.slice_bank) u.slice_counts.push_back(L);
+    u.slice_counts.push_back(opt.slice_bank);
+  }
+  for (int64_t L : u.slice_counts)
+    ASAP_CHECK(L >= 0 && L <= opt.slice_bank, "slice count ", L, " outside 0..", opt.slice_bank);
+  std::sort(u.slice_counts.begin(), u.slice_counts.end());
+  u.slice_counts.erase(std::unique(u.slice_counts.begin(), u.slice_counts.end()), u.slice_counts.end());
+  u.candidates = opt.candidates;
+  if (u.candidates.empty())
+    for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
+      for (bool ph : {false, true}) u.candidates.push_back({f, ph});
+  for (const auto& c : u.candidates) family_of(c.features, 1);  // refuses unknown names
+  u.grid = opt.ridge_grid.empty() ? default_ridge_grid() : opt.ridge_grid;
+  return u;
+}
+
+// Closures evaluated per fit: up to --max-closures while the operator stays
+// cheaper in passes than the teacher (or within --max-passes under
+// --objective fidelity); the paper's map at every k, for the reports; a
+// fixed --closures always.
+std::vector<int> closures_to_evaluate(const std::vector<Fit>& fits, const LayerSpec& s, const CompileOptions& opt,
+                                      int budget) {
+  const int limit = opt.objective == Objective::kFidelity ? budget : std::max(budget, s.T - 1);
+  std::vector<int> k_eval;
+  for (const auto& f : fits) {
+    int k = 1;
+    if (f.reference_map) {
+      k = opt.max_closures;
+    } else {
+      while (k < opt.max_closures && lse_passes(f.family, k + 1) <= limit) ++k;
+    }
+    k_eval.push_back(std::max(k, opt.closures));
+  }
+  return k_eval;
+}
+
+// Every operator the choice may pick: the teacher, Sinkhorn T' < T, each
+// fit with k closures.
+std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std::vector<Fit>& fits,
+                                                   const HeldoutErrors& he, const CompileOptions& opt) {
+  std::vector<OperatorCandidate> c;
+  OperatorCandidate t;
+  t.op.kind = OperatorKind::kTeacher;
+  t.op.steps = s.T;
+  t.name = "teacher T=" + std::to_string(s.T);
+  t.selectable = opt.zero_parameter_operators;
+  c.push_back(t);
+  for (int Tp = 1; Tp < s.T; ++Tp) {
+    OperatorCandidate x;
+    x.op.kind = OperatorKind::kSinkhorn;
+    x.op.steps = Tp;
+    x.name = "sinkhorn T'=" + std::to_string(Tp);
+    x.error = static_cast<size_t>(Tp - 1) < he.sinkhorn.size() ? he.sinkhorn[static_cast<size_t>(Tp - 1)]
+                                                                 : std::numeric_limits<double>::infinity();
+    x.selectable = opt.zero_parameter_operators;
+    c.push_back(x);
+  }
+  for (size_t i = 0; i < fits.size(); ++i)
+    for (size_t k = 1; k <= fits[i].error_by_k.size(); ++k) {
+      OperatorCandidate x;
+      x.op.kind = OperatorKind::kAsap;
+      x.op.family = fits[i].family;
+      x.op.closures = static_cast<int>(k);
+      x.fit = static_cast<int>(i);
+      x.name = fits[i].name() + " k=" + std::to_string(k);
+      x.error = fits[i].error_by_k[k - 1];
+      if (!std::isfinite(x.error)) continue;  // a NaN error cannot be compared: never chosen
+      c.push_back(x);
+    }
+  return c;
+}
+
+// No held-out data: the documented default map (slices+alpha+softmax pooled,
+// the full bank) with the teacher-ending closures that fit the budget.
+int default_fit(const std::vector<Fit>& fits) {
+  for (size_t i = 0; i < fits.size(); ++i)
+    if (fits[i].cand.features == "slices+alpha+softmax" && !fits[i].cand.per_head) return static_cast<int>(i);
+  return 0;
+}
+int default_closures_within(const LayerSpec& s, const FeatureFamily& f, int budget) {
+  const int preferred = (s.T % 2 == 0) ? 3 : 2;
+  for (int k = preferred; k >= 1; k -= 2)
+    if (lse_passes(f, k) <= budget) return k;
+  return 1;
+}
+
+json fits_json(const std::vector<Fit>& fits) {
+  json out = json::array();
+  for (const auto& f : fits) {
+    json errs = json::array(), passes = json::array();
+    for (size_t k = 1; k <= f.error_by_k.size(); ++k) {
+      errs.push_back(f.error_by_k[k - 1]);
+      passes.push_back(lse_passes(f.family, static_cast<int>(k)));
+    }
+    out.push_back(json{{"candidate", f.name()},
+                       {"features", f.cand.features},
+                       {"family", f.family.name()},
+                       {"per_head", f.cand.per_head},
+                       {"slices", f.family.slices},
+                       {"ridge", f.lambda},
+                       {"heldout_dual_rmse", f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0},
+                       {"heldout_attention_error_by_k", errs},
+                       {"lse_passes_by_k", passes}});
+  }
+  return out;
+}
+
+}  // namespace
+
+CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path, const std::string& calib_path,
+                              const CompileOptions& opt) {
+  const auto t_all = Clock::now();
+  const Setup setup = validate_options(opt);
   Checkpoint ck = load_checkpoint(ckpt_path);
   TeacherSpec spec = read_spec(spec_path);
   validate_spec(spec, ck, spec_path);
@@ -137,24 +228,6 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     }
   }
 
-  std::vector<int64_t> slice_counts = opt.slice_counts;
-  if (opt.fixed_slices > 0) {
-    ASAP_CHECK(opt.fixed_slices <= opt.slice_bank, "--fixed-slices ", opt.fixed_slices, " exceeds the bank size ",
-               opt.slice_bank);
-    slice_counts = {opt.fixed_slices};
-  } else if (slice_counts.empty()) {
-    for (int64_t L : {0, 1, 2, 4, 8, 16, 32, 64, 128, 256})
-      if (L < opt.slice_bank) slice_counts.push_back(L);
-    slice_counts.push_back(opt.slice_bank);
-  }
-  for (int64_t L : slice_counts)
-    ASAP_CHECK(L >= 0 && L <= opt.slice_bank, "slice count ", L, " outside 0..", opt.slice_bank);
-  std::vector<Candidate> candidates = opt.candidates;
-  if (candidates.empty())
-    for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
-      for (bool ph : {false, true}) candidates.push_back({f, ph});
-  const std::vector<double> grid = opt.ridge_grid.empty() ? default_ridge_grid() : opt.ridge_grid;
-
   CompileResult result;
   Artifact& art = result.artifact;
   art.asapc_version = ASAP_VERSION_STRING;
@@ -170,301 +243,175 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
                " (plain softmax): there is no Sinkhorn loop to amortize, so asapc refuses to compile it");
     LayerStream stream(calib, s, ck, opt.float64, opt.max_examples);
-    const int64_t N = stream.num_examples();
     const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
-    // Slices are free against the budget by default (fidelity first: on
-    // short sequences with a tight budget, pricing them leaves maps worse
-    // than Sinkhorn at equal passes, docs/decisions.md). --slice-cost auto
-    // counts each as 8 log2(n) / n pass-equivalents (measured on the fused
-    // kernels, docs/performance.md), so that the budget bounds latency.
-    const double slice_cost = opt.slice_cost >= 0 ? opt.slice_cost : default_slice_cost(stream.seq_len());
-    auto cost = [&](const FeatureFamily& f, int k) {
-      return static_cast<double>(lse_passes(f, k)) + slice_cost * static_cast<double>(f.slices);
-    };
-    auto within = [&](const FeatureFamily& f, int k) { return cost(f, k) <= budget + 1e-9; };
     if (s.T <= 3 && opt.warn)
-      opt.warn(str("layer '", s.name, "' has T = ", s.T, ": a compiled operator with its default closures runs about "
-                   "as many log-sum-exp passes as the teacher itself, so it cannot be much faster"));
-
-    // Widest family: every column any candidate may use.
+      opt.warn(str("layer '", s.name, "' has T = ", s.T, ": few operators can be both faster than the teacher and "
+                   "close to it"));
     FeatureFamily widest{opt.slice_bank, false, false};
-    for (const auto& c : candidates) {
+    for (const auto& c : setup.candidates) {
       auto f = family_of(c.features, opt.slice_bank);
       widest.alpha |= f.alpha;
       widest.softmax_dual |= f.softmax_dual;
       widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
     }
     const at::Tensor theta = make_slice_bank(s.head_dim, opt.slice_bank, opt.seed ^ name_hash(s.name));
+    PhaseTimes times;
 
-    // Pass 1: sufficient statistics on the train / held-out split.
-    LsStats train, held;
-    int64_t n_held = 0;
-    std::vector<int64_t> held_idx;
-    double t_teacher = 0, t_read = 0, t_features = 0, t_stats = 0;
-    for (int64_t start = 0; start < N; start += opt.batch_size) {
-      const int64_t count = std::min(opt.batch_size, N - start);
-      const auto tr0 = Clock::now();
-      auto b = stream.read(start, count);
-      t_read += seconds_since(tr0);
-      const auto t0 = Clock::now();
-      auto teacher = run_teacher(b.q, b.k, at::Tensor(), b.mask, s.score_scale, s.T, convention_of(s), false);
-      t_teacher += seconds_since(t0);
-      const auto tf0 = Clock::now();
-      auto m = log_marginals(b.mask, count, b.q.size(2), s.mask == MaskConvention::kDropQueries,
-                             b.q.scalar_type(), b.q.device());
-      auto Psi = fast::build_features(b.q, b.k, b.mask, s.mask == MaskConvention::kDropQueries, theta, widest,
-                                      s.score_scale, s.eps);
-      t_features += seconds_since(tf0);
-      const auto ts0 = Clock::now();
-      std::vector<int64_t> tr, he;
-      for (int64_t e = 0; e < count; ++e) (in_heldout_split(opt.seed, opt.heldout_fraction, start + e) ? he : tr).push_back(e);
-      auto add = [&](LsStats& st, const std::vector<int64_t>& idx) {
-        if (idx.empty()) return;
-        auto ix = at::tensor(idx, at::kLong);
-        accumulate_ls(st, Psi.index_select(0, ix), teacher.phi_bar_star.index_select(0, ix),
-                      m.row_active.index_select(0, ix));
-      };
-      add(train, tr);
-      add(held, he);
-      n_held += static_cast<int64_t>(he.size());
-      for (int64_t e : he) held_idx.push_back(start + e);
-      t_stats += seconds_since(ts0);
-      if (opt.progress) opt.progress({s.name, "statistics", start + count, N});
-    }
-    ASAP_CHECK(!train.empty(), "calibration file '", calib_path, "': layer '", s.name, "' left no training examples (",
-               N, " examples, held-out fraction ", opt.heldout_fraction, ")");
-    const bool can_select = n_held >= opt.min_heldout;
+    // 1. Statistics.
+    Statistics st = gather_statistics(stream, s, theta, widest, opt, times);
+    ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
+               "' left no training examples (", stream.num_examples(), " examples, held-out fraction ",
+               opt.heldout_fraction, ")");
+    const bool can_select = st.n_held >= opt.min_heldout;
     if (!can_select && opt.warn)
-      opt.warn(str("layer '", s.name, "': only ", n_held, " held-out examples (fewer than ", opt.min_heldout,
+      opt.warn(str("layer '", s.name, "': only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
                    "): ridge, slices, features and closures fall back to documented defaults"));
 
-    const auto t_solve0 = Clock::now();
-    int64_t n_selection = 0;
-    // Selection from statistics: per candidate, the slice prefix and ridge with the lowest held-out dual MSE.
-    std::vector<Fitted> fitted;
-    for (const auto& cand : candidates) {
-      Fitted f;
-      f.cand = cand;
-      double best = std::numeric_limits<double>::infinity();
-      // Prefixes with columns, and (for candidates the budget applies to:
-      // not the paper's reference map, no fixed --closures) whose operator
-      // with one closure fits the budget; the smallest otherwise.
-      std::vector<int64_t> counts;
-      for (int64_t L : slice_counts) {
-        const FeatureFamily fam = family_of(cand.features, L);
-        if (fam.num_columns() == 0) continue;
-        const bool limited = opt.closures == 0 && candidate_name(cand) != "slices/pooled";
-        if (!limited || within(fam, 1) || counts.empty()) counts.push_back(L);
-        if (limited && !within(fam, 1)) break;
-      }
-      for (int64_t L : counts) {
-        FeatureFamily fam = family_of(cand.features, L);
-        auto cols = family_columns(widest, fam);
-        double lam, mse;
-        json row{{"slices", L}};
-        if (opt.ridge >= 0 || !can_select) {
-          lam = opt.ridge >= 0 ? opt.ridge : 1e-3;
-          mse = can_select ? ls_mse(held, cols, solve_ls(train, cols, cand.per_head, lam)) : -1;
-        } else {
-          auto rc = choose_ridge(train, held, cols, cand.per_head, grid);
-          lam = rc.lambda;
-          mse = rc.heldout_mse;
-          row["ridge_grid"] = rc.grid;
-          row["ridge_grid_mse"] = rc.grid_mse;
-        }
-        row["ridge"] = lam;
-        row["heldout_dual_mse"] = mse;
-        f.slice_table.push_back(row);
-        // Nested prefixes: a larger bank must beat the best so far by 1% to be worth its latency.
-        const bool better = !can_select ? (L == counts.back()) : (mse < best * 0.99 || f.cols.empty());
-        if (better) {
-          best = std::min(best, mse);
-          f.family = fam;
-          f.cols = cols;
-          f.lambda = lam;
-          f.dual_mse = mse;
-        }
-      }
-      f.coef = solve_ls(train, f.cols, cand.per_head, f.lambda);
-      fitted.push_back(std::move(f));
-    }
+    // 2. Candidate fits.
+    auto t = Clock::now();
+    FitTable ft = fit_candidates(st, widest, setup.candidates, setup.slice_counts, setup.grid, opt, can_select);
+    ASAP_CHECK(!ft.fits.empty(), "layer '", s.name, "': every candidate fit has a NaN held-out error, so there is no "
+               "map to choose (check the calibration data for extreme values)");
+    times.solve = seconds_since(t);
 
-    const double t_solve = seconds_since(t_solve0);
-    const auto t_select0 = Clock::now();
-    // Pass 2 (held-out examples only): attention error of the candidates for k = 1..max_closures,
-    // on at most opt.selection_examples held-out examples. (Telling pooled from per-head
-    // coefficients by held-out dual MSE instead was tried: on the text teacher it kept
-    // per-head, whose attention error is 16% higher than pooled's.)
-    const int kmax = std::max(opt.max_closures, opt.closures);
-    if (can_select) {
-      // Closures evaluated per candidate: up to --max-closures, but not beyond
-      // the pass budget (those operators cannot be chosen), except the
-      // paper's map, which the reports show for every k; a fixed --closures
-      // is always evaluated.
-      std::vector<int> k_eval(fitted.size(), kmax);
-      for (size_t c = 0; c < fitted.size(); ++c) {
-        if (candidate_name(fitted[c].cand) == "slices/pooled") continue;
-        int kc = 1;
-        while (kc < kmax && within(fitted[c].family, kc + 1)) ++kc;
-        k_eval[c] = std::max(kc, opt.closures);
-      }
-      std::vector<int64_t> sel_idx = held_idx;
-      if (opt.selection_examples > 0 && static_cast<int64_t>(sel_idx.size()) > opt.selection_examples)
-        sel_idx.resize(static_cast<size_t>(opt.selection_examples));
-      std::vector<std::vector<double>> rel(fitted.size(), std::vector<double>(kmax, 0.0));
-      int64_t terms = 0, done = 0;
-      for (size_t i = 0; i < sel_idx.size(); i += static_cast<size_t>(opt.batch_size)) {
-        std::vector<int64_t> idx(sel_idx.begin() + i,
-                                 sel_idx.begin() + std::min(sel_idx.size(), i + static_cast<size_t>(opt.batch_size)));
-        auto b = stream.read_indices(idx);
-        const int64_t B = b.q.size(0);
-        auto conv = convention_of(s);
-        auto Psi = fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, widest, s.score_scale,
-                                        s.eps);
-        std::vector<at::Tensor> phis;
-        std::vector<size_t> which;
-        std::vector<int> kc;
-        for (size_t c = 0; c < fitted.size(); ++c) {
-          phis.push_back(predict_phi(Psi.index_select(3, at::tensor(fitted[c].cols, at::kLong)), fitted[c].coef));
-          which.push_back(c);
-          kc.push_back(k_eval[c]);
-        }
-        // ||A - A*||_F / ||A*||_F per (candidate, k, example, head) on the fused kernels,
-        // the quantity MetricsAccumulator::add_attention averages (tests/test_fast.cpp).
-        auto err = fast::closure_errors(b.q, b.k, b.mask, s.score_scale, s.T, conv, at::stack(phis), kc)
-                       .sum(at::IntArrayRef{2, 3});
-        auto acc = err.accessor<double, 2>();
-        for (size_t i = 0; i < which.size(); ++i)
-          for (int k = 0; k < kc[i]; ++k) rel[which[i]][k] += acc[static_cast<int64_t>(i)][k];
-        terms += B * s.heads;
-        done += B;
-        if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(sel_idx.size())});
-      }
-      for (size_t c = 0; c < fitted.size(); ++c) {
-        for (int k = 0; k < k_eval[c]; ++k) {
-          FidelityMetrics fm;
-          fm.attention_rel_error = rel[c][k] / static_cast<double>(terms);
-          fm.terms = terms;
-          fitted[c].by_k.push_back(fm);
-        }
-      }
-      n_selection = static_cast<int64_t>(sel_idx.size());
-    }
-    const double t_select = seconds_since(t_select0);
-    // The operator: lowest held-out attention error within the pass budget (fewer passes on ties).
-    size_t best_c = 0;
-    int best_k = 0;
-    double best_err = std::numeric_limits<double>::infinity();
-    if (can_select) {
-      for (size_t c = 0; c < fitted.size(); ++c)
-        for (int k = 1; k <= static_cast<int>(fitted[c].by_k.size()); ++k) {
-          if (opt.closures > 0 && k != opt.closures) continue;
-          if (opt.closures == 0 && !within(fitted[c].family, k)) continue;
-          const double err = fitted[c].by_k[k - 1].attention_rel_error;
-          const bool fewer = best_k > 0 && cost(fitted[c].family, k) < cost(fitted[best_c].family, best_k) - 1e-9;
-          if (err < best_err * (1 - 1e-9) || (err <= best_err * (1 + 1e-9) && fewer)) {
-            best_err = err;
-            best_c = c;
-            best_k = k;
-          }
-        }
-    }
-    if (best_k == 0) {  // no held-out data, or nothing within budget: the documented default
-      best_c = 0;
-      for (size_t c = 0; c < fitted.size(); ++c)
-        if (fitted[c].cand.features == "slices+alpha+softmax" && !fitted[c].cand.per_head) best_c = c;
-      best_k = opt.closures > 0 ? opt.closures : default_closures_within(s, fitted[best_c].family, budget);
-      if (lse_passes(fitted[best_c].family, best_k) > budget && opt.closures == 0)
-        for (size_t c = 0; c < fitted.size(); ++c)
-          if (fitted[c].cand.features == "slices" && !fitted[c].cand.per_head) best_c = c, best_k = 1;
-    }
-    const Fitted& chosen = fitted[best_c];
+    // 3. Held-out errors of every candidate operator.
+    t = Clock::now();
+    HeldoutErrors he;
+    if (can_select)
+      he = heldout_errors(stream, s, theta, widest, st.held_idx, ft.fits, closures_to_evaluate(ft.fits, s, opt, budget),
+                          opt);
+    times.selection = seconds_since(t);
 
+    // 4 + 5. Latency (lazily, inside the choice) and the choice.
+    t = Clock::now();
+    std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt);
+    Choice ch;
+    json latency_source;
+    if (can_select) {
+      std::shared_ptr<LatencyModel> model =
+          opt.latency ? opt.latency : measured_latency(stream, s, theta, st.held_idx, opt.deploy_batch);
+      latency_source = model->describe();
+      ChoiceOptions co;
+      co.objective = opt.objective;
+      co.min_speedup = opt.min_speedup;
+      co.max_error = opt.max_error;
+      co.pass_budget = budget;
+      co.fixed_closures = opt.closures;
+      if (opt.progress) opt.progress({s.name, "latency", 0, 1});
+      ch = choose_operator(cands, s, co, *model);
+      if (opt.progress) opt.progress({s.name, "latency", 1, 1});
+      // One pass of T should cost far less than all of them: when plain
+      // softmax (T' = 1) times like the teacher, load dominated the timings.
+      if (s.T >= 4 && cands.size() > 1 && cands[1].latency > 0.8 * ch.teacher_latency && opt.warn)
+        opt.warn(str("layer '", s.name, "': Sinkhorn T' = 1 timed at ", cands[1].latency / ch.teacher_latency,
+                     " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
+                     "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
+    }
+    times.latency = seconds_since(t);
+
+    // 6. The compiled layer.
     CompiledLayer cl;
     cl.spec = s;
-    cl.theta = theta;
-    cl.family = chosen.family;
-    cl.per_head = chosen.cand.per_head;
-    cl.coef = chosen.coef;
-    cl.default_closures = best_k;
     cl.weights = stream.weights();
-
+    int fit_index = -1, closures = 0;
+    if (ch.index >= 0) {
+      const OperatorCandidate& w = cands[static_cast<size_t>(ch.index)];
+      cl.kind = w.op.kind;
+      if (w.op.kind == OperatorKind::kSinkhorn) cl.sinkhorn_steps = w.op.steps;
+      fit_index = w.fit;
+      closures = w.op.closures;
+    } else {  // no held-out data (or nothing within the budget): the documented default
+      fit_index = default_fit(ft.fits);
+      closures = opt.closures > 0 ? opt.closures : default_closures_within(s, ft.fits[fit_index].family, budget);
+      ch.decision = can_select ? "no ASAP map fits the pass budget: the documented default map"
+                               : "too few held-out examples to choose: the documented default map";
+    }
     json kl_diag;
-    if (opt.fit == "kl") {
-      KlOptions ko;
-      ko.ridge = opt.kl_ridge;
-      ko.max_iters = opt.kl_max_iters;
-      ko.cache_mb = opt.kl_cache_mb;
-      ko.batch_size = opt.batch_size;
-      ko.min_heldout = opt.min_heldout;
-      ko.progress = opt.progress;
-      auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
-      auto kl = fit_kl(stream, s, theta, chosen.family, chosen.cand.per_head, chosen.coef, is_held, ko);
-      cl.coef = kl.coef;
-      kl_diag = kl.diagnostics;
+    if (cl.kind == OperatorKind::kAsap) {
+      const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
+      cl.theta = theta.narrow(1, 0, f.family.slices).contiguous();  // the prefix the family uses
+      cl.family = f.family;
+      cl.per_head = f.cand.per_head;
+      cl.coef = f.coef;
+      cl.default_closures = closures;
+      if (opt.fit == "kl") {
+        KlOptions ko;
+        ko.ridge = opt.kl_ridge;
+        ko.max_iters = opt.kl_max_iters;
+        ko.cache_mb = opt.kl_cache_mb;
+        ko.batch_size = opt.batch_size;
+        ko.min_heldout = opt.min_heldout;
+        ko.progress = opt.progress;
+        auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
+        auto kl = fit_kl(stream, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
+        cl.coef = kl.coef;
+        kl_diag = kl.diagnostics;
+      }
+    } else {
+      cl.theta = at::zeros({s.head_dim, 0}, at::kDouble);
+      cl.coef = at::zeros({1, 0}, at::kDouble);
+      cl.default_closures = 1;
     }
 
-    const double fit_time = seconds_since(t_layer);
-    json cand_table = json::array();
-    for (const auto& f : fitted) {
-      json errs = json::array(), passes = json::array();
-      for (int k = 1; k <= static_cast<int>(f.by_k.size()); ++k) {
-        errs.push_back(f.by_k[k - 1].attention_rel_error);
-        passes.push_back(lse_passes(f.family, k));
-      }
-      cand_table.push_back(json{{"candidate", candidate_name(f.cand)},
-                                {"family", f.family.name()},
-                                {"per_head", f.cand.per_head},
-                                {"slices", f.family.slices},
-                                {"ridge", f.lambda},
-                                {"heldout_dual_rmse", f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0},
-                                {"heldout_attention_error_by_k", errs},
-                                {"lse_passes_by_k", passes},
-                                {"slice_selection", f.slice_table}});
+    json chosen{{"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()},
+                {"lse_passes", cl.lse_passes()}};
+    if (cl.kind == OperatorKind::kAsap) {
+      const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
+      chosen["candidate"] = f.name();
+      chosen["family"] = f.family.name();
+      chosen["per_head"] = f.cand.per_head;
+      chosen["slices"] = f.family.slices;
+      chosen["ridge"] = f.lambda;
+      chosen["closures"] = closures;
+      chosen["heldout_dual_rmse"] = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
     }
-    const double R_train = train.R.sum().item<double>();
+    if (cl.kind == OperatorKind::kSinkhorn) chosen["sinkhorn_steps"] = cl.sinkhorn_steps;
+    if (ch.index >= 0) {
+      const OperatorCandidate& w = cands[static_cast<size_t>(ch.index)];
+      chosen["heldout_attention_error"] = w.error;
+      chosen["latency_s"] = w.latency;
+      chosen["speedup"] = w.latency > 0 ? ch.teacher_latency / w.latency : 1.0;
+    } else {
+      chosen["heldout_attention_error"] = -1.0;
+    }
+    json objective{{"name", objective_name(opt.objective)}};
+    if (opt.objective == Objective::kMinSpeedup) objective["min_speedup"] = opt.min_speedup;
+    if (opt.objective == Objective::kMaxError) objective["max_error"] = opt.max_error;
+    if (opt.objective == Objective::kFidelity) objective["pass_budget"] = budget;
+    json sinkhorn_errors = json::array();
+    for (double e : he.sinkhorn) sinkhorn_errors.push_back(e);
     json summary{{"layer", s.name},
                  {"T", s.T},
                  {"ending", s.T % 2 == 0 ? "column" : "row"},
-                 {"examples", N},
-                 {"train_examples", train.examples},
-                 {"heldout_examples", n_held},
-                 {"selection_examples", n_selection},
-                 {"rows_used", static_cast<int64_t>(R_train)},
+                 {"examples", stream.num_examples()},
+                 {"train_examples", st.train.examples},
+                 {"heldout_examples", st.n_held},
+                 {"selection_examples", he.examples},
+                 {"rows_used", static_cast<int64_t>(st.train.R.sum().item<double>())},
                  {"data_driven_selection", can_select},
+                 {"objective", objective},
                  {"pass_budget", budget},
-                 {"slice_cost_passes", slice_cost},
-                 {"chosen",
-                  {{"candidate", candidate_name(chosen.cand)},
-                   {"family", chosen.family.name()},
-                   {"per_head", chosen.cand.per_head},
-                   {"slices", chosen.family.slices},
-                   {"ridge", chosen.lambda},
-                   {"closures", best_k},
-                   {"lse_passes", lse_passes(chosen.family, best_k)},
-                   {"cost_passes", cost(chosen.family, best_k)},
-                   {"heldout_dual_rmse", chosen.dual_mse >= 0 ? std::sqrt(chosen.dual_mse) : -1.0},
-                   {"heldout_attention_error", static_cast<int>(chosen.by_k.size()) >= best_k ? chosen.by_k[best_k - 1].attention_rel_error : -1.0}}},
-                 {"candidates", cand_table},
+                 {"decision", ch.decision},
+                 {"target_met", ch.index >= 0 && ch.target_met},
+                 {"chosen", chosen},
+                 {"candidates", fits_json(ft.fits)},
+                 {"sinkhorn_heldout_attention_error", sinkhorn_errors},
+                 {"slice_selection", ft.slice_tables},
+                 {"latency", {{"source", latency_source}, {"choice", can_select ? ch.to_json(cands) : json()}}},
                  {"fit", opt.fit},
-                 {"fit_time_s", fit_time},
-                 {"teacher_time_s", t_teacher},
-                 {"phase_times_s",
-                  {{"read", t_read},
-                   {"teacher", t_teacher},
-                   {"features", t_features},
-                   {"statistics", t_stats},
-                   {"solve", t_solve},
-                   {"selection", t_select}}},
+                 {"fit_time_s", seconds_since(t_layer)},
+                 {"teacher_time_s", times.teacher},
+                 {"phase_times_s", times.to_json()},
                  {"options",
                   {{"slice_bank", opt.slice_bank},
-                   {"slice_counts", slice_counts},
-                   {"ridge_grid", grid},
+                   {"slice_counts", setup.slice_counts},
+                   {"ridge_grid", setup.grid},
                    {"fixed_ridge", opt.ridge},
                    {"heldout_fraction", opt.heldout_fraction},
                    {"seed", opt.seed},
                    {"batch_size", opt.batch_size},
-                   {"max_closures", kmax},
+                   {"deploy_batch", opt.deploy_batch},
+                   {"max_closures", opt.max_closures},
                    {"float64", opt.float64}}}};
     if (!kl_diag.is_null()) summary["kl"] = kl_diag;
     cl.fit_json = summary.dump();

@@ -10,7 +10,7 @@
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
-#include "compile/stream.h"
+#include "io/layer_stream.h"
 
 namespace asap {
 

@@ -39,6 +39,42 @@ std::string FeatureFamily::name() const {
   return s.empty() ? "empty" : s;
 }
 
+const char* operator_kind_name(OperatorKind k) {
+  switch (k) {
+    case OperatorKind::kAsap:
+      return "asap";
+    case OperatorKind::kSinkhorn:
+      return "sinkhorn";
+    case OperatorKind::kTeacher:
+      return "teacher";
+  }
+  return "?";
+}
+
+int CompiledLayer::lse_passes() const {
+  switch (kind) {
+    case OperatorKind::kSinkhorn:
+      return sinkhorn_steps;
+    case OperatorKind::kTeacher:
+      return spec.T;
+    case OperatorKind::kAsap:
+      break;
+  }
+  return family.feature_passes() + default_closures;
+}
+
+std::string CompiledLayer::describe() const {
+  switch (kind) {
+    case OperatorKind::kSinkhorn:
+      return asap::str("sinkhorn T'=", sinkhorn_steps);
+    case OperatorKind::kTeacher:
+      return asap::str("teacher T=", spec.T);
+    case OperatorKind::kAsap:
+      break;
+  }
+  return asap::str("asap ", family.name(), per_head ? "/head" : "/pooled", " k=", default_closures);
+}
+
 const CompiledLayer* Artifact::find(const std::string& name) const {
   for (const auto& l : layers)
     if (l.spec.name == name) return &l;
@@ -141,7 +177,20 @@ void check_layer(const CompiledLayer& L, const h5::Where& w) {
 
   const FeatureFamily& fam = L.family;
   ASAP_CHECK(fam.slices >= 0, where, ": slices must be >= 0, found ", fam.slices);
-  ASAP_CHECK(fam.num_columns() >= 1, where, ": the feature family has no columns");
+  if (L.kind == OperatorKind::kAsap) {
+    ASAP_CHECK(fam.num_columns() >= 1, where, ": the feature family has no columns");
+    ASAP_CHECK(L.sinkhorn_steps == 0, where, ": sinkhorn_steps must be 0 for an ASAP operator, found ",
+               L.sinkhorn_steps);
+  } else {
+    ASAP_CHECK(fam.num_columns() == 0, where, ": a '", operator_kind_name(L.kind),
+               "' operator has no feature columns, found the family ", fam.name());
+    if (L.kind == OperatorKind::kSinkhorn)
+      ASAP_CHECK(L.sinkhorn_steps >= 1 && L.sinkhorn_steps < s.T, where,
+                 ": sinkhorn_steps (T') must be in 1..T-1 = 1..", s.T - 1, ", found ", L.sinkhorn_steps);
+    else
+      ASAP_CHECK(L.sinkhorn_steps == 0, where, ": sinkhorn_steps must be 0 for the teacher operator, found ",
+                 L.sinkhorn_steps);
+  }
   ASAP_CHECK(L.default_closures >= 1, where, ": default_closures must be >= 1, found ", L.default_closures);
 
   ASAP_CHECK(L.theta.defined(), where, ": theta is undefined");
@@ -237,6 +286,10 @@ void write_layer(const H5::Group& g, const CompiledLayer& L, const h5::Where& w)
   S("mask", mask_name(s.mask));
   I("multiply_by_n", s.multiply_by_n ? 1 : 0);
   S("ending", s.T % 2 == 0 ? "column" : "row");
+  if (L.kind != OperatorKind::kAsap) {  // format version 3; ASAP layers omit it (the default)
+    S("operator", operator_kind_name(L.kind));
+    if (L.kind == OperatorKind::kSinkhorn) I("sinkhorn_steps", L.sinkhorn_steps);
+  }
   h5::write_string_list_attr(g, "features", feature_list(L.family), w);
   I("slices", L.family.slices);
   I("per_head", L.per_head ? 1 : 0);
@@ -330,6 +383,27 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
                "'");
   }
 
+  if (h5::has_attr(g, "operator")) {
+    const std::string op = S("operator");
+    if (op == "asap")
+      L.kind = OperatorKind::kAsap;
+    else if (op == "sinkhorn")
+      L.kind = OperatorKind::kSinkhorn;
+    else if (op == "teacher")
+      L.kind = OperatorKind::kTeacher;
+    else
+      throw Error(asap::str(where, ": attribute 'operator' is '", op, "', expected 'asap', 'sinkhorn' or 'teacher'"));
+    ASAP_CHECK(L.kind == OperatorKind::kAsap || format_version >= 3, where, ": operator '", op,
+               "' needs format_version 3, but the file says ", format_version);
+    if (L.kind == OperatorKind::kSinkhorn) {
+      ASAP_CHECK(h5::has_attr(g, "sinkhorn_steps"), where,
+                 ": a 'sinkhorn' operator needs the attribute 'sinkhorn_steps' (T'), which is missing");
+      const int64_t tp = I("sinkhorn_steps");
+      ASAP_CHECK(tp >= 1 && tp < s.T, where, ": attribute 'sinkhorn_steps' (T') must be in 1..T-1 = 1..", s.T - 1,
+                 ", found ", tp);
+      L.sinkhorn_steps = static_cast<int>(tp);
+    }
+  }
   std::vector<std::string> feats = h5::read_string_list_attr(g, "features", lw);
   std::set<std::string> seen;
   for (const auto& f : feats) {
@@ -404,7 +478,9 @@ void write_artifact(const std::string& path, const Artifact& art) {
     // The oldest version that can express the file, so older readers keep working.
     int version = 1;
     for (const auto& l : art.layers)
-      if (l.family.sinkhorn_dual3) version = 2;
+      if (l.family.sinkhorn_dual3) version = std::max(version, 2);
+    for (const auto& l : art.layers)
+      if (l.kind != OperatorKind::kAsap) version = std::max(version, 3);
     h5::write_int_attr(f, "format_version", version, root);
     h5::write_string_attr(f, "asapc_version", art.asapc_version.empty() ? ASAP_VERSION_STRING : art.asapc_version,
                           root);

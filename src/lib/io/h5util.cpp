@@ -352,6 +352,7 @@ std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std:
     ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
                " should be a list of strings, found ", attr_type_name(a));
     hssize_t n = a.getSpace().getSimpleExtentNpoints();
+    if (n <= 0) return std::vector<std::string>{};  // an empty list (e.g. a Sinkhorn layer's features)
     return read_strings(a, static_cast<size_t>(n));
   });
 }

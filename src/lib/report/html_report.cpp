@@ -141,7 +141,7 @@ Layer read_layer(const json& l) {
     if (op.kind == "teacher" && L.teacher_i < 0) L.teacher_i = i;
     if (op.kind == "asap") L.asap_i.push_back(i);
     if (op.kind == "sinkhorn") L.sink_i.push_back(i);
-    if (op.kind == "asap" && op.is_default && L.def_i < 0) L.def_i = i;
+    if (op.is_default && L.def_i < 0) L.def_i = i;
   }
   if (L.def_i < 0)
     for (int i : L.asap_i)
@@ -192,6 +192,16 @@ Verdict verdict_of(const Layer& L) {
     return v;
   }
   const Op& d = *L.def();
+  if (d.kind != "asap") {
+    // The layer stores a zero-parameter operator: compile found no ASAP map
+    // that met its objective on the compiling machine (its decision says why).
+    std::string s = name + "the layer stores " + d.label() + " (" + itos(d.passes) +
+                    " LSE passes): compile found no ASAP map that met its objective there; attention error " + fmt(d.err);
+    const Op* t = L.teacher();
+    if (d.timed() && t && t->timed() && d.kind != "teacher") s += ", " + ratio(t->lat / d.lat) + " faster than the teacher";
+    v.sentence = s + ".";
+    return v;
+  }
   std::string s = name + "the default ASAP (k=" + itos(d.steps) + ", " + itos(d.passes) + " LSE passes) has attention error " +
                   fmt(d.err);
   for (const Op* o : L.sink())

@@ -33,9 +33,31 @@ void check_layer_inputs(const CompiledLayer& L, const at::Tensor& q, const at::T
 
 }  // namespace detail
 
+namespace {
+
+// The zero-parameter kinds: the teacher's loop with T' (sinkhorn) or T
+// (teacher) half-steps, through `run` (the fused or the reference teacher).
+template <class Run>
+LayerOutput run_loop_kind(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_mask, const RunOptions& opt, Run run) {
+  const LayerSpec& s = L.spec;
+  detail::check_layer_inputs(L, q, k, v);
+  ASAP_CHECK(opt.closures == 0, "layer '", s.name, "' runs ", L.describe(),
+             ", which has no closures to set: pass closures = 0");
+  const int steps = L.kind == OperatorKind::kSinkhorn ? L.sinkhorn_steps : s.T;
+  auto t = run(q, k, v.to(q.scalar_type()), key_mask, s.score_scale, steps, convention_of(s), opt.return_attention);
+  LayerOutput r;
+  r.out = t.O;
+  r.attention = t.A;
+  return r;
+}
+
+}  // namespace
+
 LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
                                 const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
   const LayerSpec& s = L.spec;
+  if (L.kind != OperatorKind::kAsap) return run_loop_kind(L, q, k, v, key_mask, opt, run_teacher_reference);
   detail::check_layer_inputs(L, q, k, v);
   ASAP_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "layer '", s.name,
              "': q, k, v must be float32 or float64, found ", q.scalar_type());
@@ -56,6 +78,7 @@ LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, con
 
 LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& key_mask, const RunOptions& opt) {
+  if (L.kind != OperatorKind::kAsap) return run_loop_kind(L, q, k, v, key_mask, opt, run_teacher);
   return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // hands other devices to the reference
 }
 

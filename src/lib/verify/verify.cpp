@@ -16,7 +16,8 @@
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
-#include "compile/stream.h"
+#include "io/layer_stream.h"
+#include "util/timing.h"
 
 namespace asap {
 
@@ -24,31 +25,13 @@ using nlohmann::json;
 
 namespace {
 
+bool is_asap_layer(const CompiledLayer& L) { return L.kind == OperatorKind::kAsap; }
+
 json metrics_json(const FidelityMetrics& m) {
   return json{{"attention_rel_error", m.attention_rel_error}, {"head_output_rmse", m.head_output_rmse},
               {"layer_output_rmse", m.layer_output_rmse},     {"row_marginal_error", m.row_marginal_error},
               {"col_marginal_error", m.col_marginal_error},   {"teacher_plan_kl", m.teacher_plan_kl},
               {"dual_rmse", m.dual_rmse},                     {"terms", m.terms}};
-}
-
-// Median wall time of each fn over repeats after warm-up, timed in rounds
-// (one call of each per round).
-std::vector<double> time_round_robin(const std::vector<std::function<void()>>& fns, int warmup, int repeats) {
-  for (int i = 0; i < warmup; ++i)
-    for (const auto& f : fns) f();
-  std::vector<std::vector<double>> t(fns.size());
-  for (int r = 0; r < std::max(1, repeats); ++r)
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fns[i]();
-      t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  std::vector<double> med;
-  for (auto& v : t) {
-    std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
-  return med;
 }
 
 }  // namespace
@@ -65,6 +48,7 @@ json VerifyResult::to_json() const {
                            {"T", l.T},
                            {"ending", l.T % 2 == 0 ? "column" : "row"},
                            {"default_closures", l.default_closures},
+                           {"default_operator", l.default_operator},
                            {"examples", l.examples},
                            {"operators", ops},
                            {"per_head_attention_error", l.per_head_attention_error},
@@ -122,14 +106,16 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     LayerVerification lv;
     lv.name = s.name;
     lv.T = s.T;
-    lv.default_closures = L->default_closures;
+    lv.default_closures = is_asap_layer(*L) ? L->default_closures : 0;
+    lv.default_operator = L->describe();
     lv.examples = static_cast<int64_t>(idx.size());
     if (!L->fit_json.empty()) {
       lv.fit = json::parse(L->fit_json);
       lv.fit_time_s = lv.fit.value("fit_time_s", -1.0);
     }
-    const int K = std::max(opt.max_closures, L->default_closures);
-    const int Tmax = opt.reduced_budgets ? s.T - 1 : 0;
+    const bool is_asap = L->kind == OperatorKind::kAsap;
+    const int K = is_asap ? std::max(opt.max_closures, L->default_closures) : 0;
+    const int Tmax = opt.reduced_budgets ? s.T - 1 : L->kind == OperatorKind::kSinkhorn ? L->sinkhorn_steps : 0;
     MetricsAccumulator teacher_acc;
     std::vector<MetricsAccumulator> asap_acc(K), sink_acc(std::max(0, Tmax));
     std::vector<double> head_num(s.heads, 0.0);
@@ -150,6 +136,23 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
         if (has_out) acc.add_layer_outputs(merge_heads(s, w, O), Y);
       };
       add(teacher_acc, t.A, t.O);
+      // The default operator's per-head attention error (the teacher's is 0).
+      auto add_heads = [&](const at::Tensor& A) {
+        auto A64 = A.to(at::kDouble), T64 = t.A.to(at::kDouble);
+        auto rel = ((A64 - T64).pow(2).sum(at::IntArrayRef{-2, -1}).sqrt() /
+                    T64.pow(2).sum(at::IntArrayRef{-2, -1}).sqrt()).sum(0);  // [H]
+        for (int64_t h = 0; h < s.heads; ++h) head_num[h] += rel[h].item<double>();
+        head_terms += static_cast<double>(B);
+      };
+      if (L->kind == OperatorKind::kTeacher) add_heads(t.A);
+      // Sinkhorn with reduced budgets T' = 1..T-1 on the same projections.
+      for (int Tp = 1; Tp <= Tmax; ++Tp) {
+        auto r = run_teacher(b.q, b.k, b.v, b.mask, s.score_scale, Tp, conv, true);
+        add(sink_acc[Tp - 1], r.A, r.O);
+        if (L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps) add_heads(r.A);
+      }
+      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(idx.size())});
+      if (!is_asap) continue;
       // ASAP with k = 1..K closures from the predicted dual.
       auto S = scores(b.q, b.k, s.score_scale);
       auto Psi = build_features(b.q, b.k, m, L->theta, L->family, s.score_scale, s.eps, S);
@@ -159,13 +162,7 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
         auto A = plan_attention(S, f, g, conv);
         add(asap_acc[k - 1], A, at::matmul(A, b.v));
         asap_acc[k - 1].add_dual(phi, t.phi_bar_star, m);
-        if (k == L->default_closures) {
-          auto A64 = A.to(at::kDouble), T64 = t.A.to(at::kDouble);
-          auto rel = ((A64 - T64).pow(2).sum(at::IntArrayRef{-2, -1}).sqrt() /
-                      T64.pow(2).sum(at::IntArrayRef{-2, -1}).sqrt()).sum(0);  // [H]
-          for (int64_t h = 0; h < s.heads; ++h) head_num[h] += rel[h].item<double>();
-          head_terms += static_cast<double>(B);
-        }
+        if (k == L->default_closures) add_heads(A);
       });
       // Scatter sample of predicted vs teacher duals.
       if (static_cast<int64_t>(lv.dual_pred.size()) < opt.scatter_points) {
@@ -177,19 +174,13 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
           lv.dual_teacher.push_back(q.data_ptr<double>()[r]);
         }
       }
-      // Sinkhorn with reduced budgets T' = 1..T-1 on the same projections.
-      for (int Tp = 1; Tp <= Tmax; ++Tp) {
-        auto r = run_teacher(b.q, b.k, b.v, b.mask, s.score_scale, Tp, conv, true);
-        add(sink_acc[Tp - 1], r.A, r.O);
-      }
-      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(idx.size())});
     }
     // Latencies on the first batch, from per-head q, k, v to head outputs.
     // Operators are timed round-robin so that load drift hits all alike.
     const auto& tb = timed;
     res.timed_batch = tb.q.size(0);
     std::vector<std::function<void()>> fns;
-    lv.operators.push_back({"teacher", s.T, s.T, false, true, teacher_acc.result(), -1});
+    lv.operators.push_back({"teacher", s.T, s.T, L->kind == OperatorKind::kTeacher, true, teacher_acc.result(), -1});
     fns.push_back([&] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, s.T, conv, false); });
     for (int k = 1; k <= K; ++k) {
       lv.operators.push_back({"asap", k, lse_passes(L->family, k), k == L->default_closures,
@@ -201,16 +192,27 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
       });
     }
     for (int Tp = 1; Tp <= Tmax; ++Tp) {
-      lv.operators.push_back({"sinkhorn", Tp, Tp, false, (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
+      lv.operators.push_back({"sinkhorn", Tp, Tp, L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps,
+                              (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
       fns.push_back([&, Tp] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, Tp, conv, false); });
     }
     if (opt.time) {
-      const auto lat = time_round_robin(fns, opt.warmup, opt.repeats);
+      int repeats = opt.repeats;
+      if (repeats <= 0) {  // about 50 ms of timing per operator, 5 to 41 rounds
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto& f : fns) f();
+        const double round = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        repeats = detail::repeats_for(round / static_cast<double>(fns.size()), 0.05, 5, 41);
+      }
+      const auto lat = detail::time_round_robin(fns, opt.warmup, repeats);
       for (size_t i = 0; i < fns.size(); ++i) lv.operators[i].latency_s = lat[i];
     }
     const OperatorResult& teacher = lv.operators[0];
     for (int64_t h = 0; h < s.heads; ++h) lv.per_head_attention_error.push_back(head_terms > 0 ? head_num[h] / head_terms : 0);
-    const OperatorResult& def = lv.operators[L->default_closures];
+    const OperatorResult* defp = &lv.operators[0];
+    for (const auto& o : lv.operators)
+      if (o.is_default) defp = &o;
+    const OperatorResult& def = *defp;
     if (opt.time && lv.fit_time_s > 0 && teacher.latency_s > def.latency_s)
       lv.break_even_calls = lv.fit_time_s / (teacher.latency_s - def.latency_s);
     res.layers.push_back(std::move(lv));

@@ -1,4 +1,4 @@
-#include "compile/stream.h"
+#include "io/layer_stream.h"
 
 #include <ATen/ATen.h>
 

@@ -1,0 +1,108 @@
+// Compile phase "fits": ridge and slice prefix per candidate family and
+// pooling, from the held-out statistics alone.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "asap/error.h"
+#include "compile/phases.h"
+
+namespace asap {
+namespace compile_detail {
+
+using nlohmann::json;
+
+FeatureFamily family_of(const std::string& features, int64_t slices) {
+  std::string rest = features;
+  FeatureFamily f;
+  if (rest.rfind("slices", 0) == 0) {
+    f.slices = slices;
+    rest = rest.substr(6);
+    if (!rest.empty() && rest[0] == '+') rest = rest.substr(1);
+  }
+  if (rest.empty() && features == "slices") return f;
+  if (rest == "alpha") {
+    f.alpha = true;
+  } else if (rest == "alpha+softmax") {
+    f.alpha = f.softmax_dual = true;
+  } else if (rest == "alpha+softmax+sinkhorn3") {
+    f.alpha = f.softmax_dual = f.sinkhorn_dual3 = true;
+  } else {
+    throw Error(str("unknown feature set '", features,
+                    "': expected slices, slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3, "
+                    "alpha, alpha+softmax or alpha+softmax+sinkhorn3"));
+  }
+  return f;
+}
+
+bool family_has_slices(const std::string& features) { return features.rfind("slices", 0) == 0; }
+
+std::string Fit::name() const {
+  return cand.features + (cand.per_head ? "/per-head" : "/pooled") + "@L" + std::to_string(family.slices);
+}
+
+FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const std::vector<Candidate>& candidates,
+                        const std::vector<int64_t>& slice_counts, const std::vector<double>& grid,
+                        const CompileOptions& opt, bool can_select) {
+  FitTable out;
+  for (const auto& cand : candidates) {
+    const bool reference = cand.features == "slices" && !cand.per_head;  // the paper's map
+    json table = json::array();
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int64_t> counts;
+    if (family_has_slices(cand.features)) {
+      for (int64_t L : slice_counts)
+        if (family_of(cand.features, L).num_columns() > 0) counts.push_back(L);
+    } else {
+      counts.push_back(0);
+    }
+    std::vector<Fit> kept;
+    for (int64_t L : counts) {
+      Fit f;
+      f.cand = cand;
+      f.family = family_of(cand.features, L);
+      f.cols = family_columns(widest, f.family);
+      f.reference_map = reference;
+      json row{{"slices", L}};
+      if (opt.ridge >= 0 || !can_select) {
+        f.lambda = opt.ridge >= 0 ? opt.ridge : 1e-3;
+        if (can_select) f.dual_mse = ls_mse(st.held, f.cols, solve_ls(st.train, f.cols, cand.per_head, f.lambda));
+      } else {
+        auto rc = choose_ridge(st.train, st.held, f.cols, cand.per_head, grid);
+        f.lambda = rc.lambda;
+        f.dual_mse = rc.heldout_mse;
+        row["ridge_grid"] = rc.grid;
+        row["ridge_grid_mse"] = rc.grid_mse;
+      }
+      row["ridge"] = f.lambda;
+      row["heldout_dual_mse"] = f.dual_mse;
+      // Nested prefixes: a larger one must beat every smaller one by 1% to
+      // be worth its latency. Without held-out data only the largest is kept.
+      bool keep;
+      if (!can_select) {
+        keep = L == counts.back();
+      } else {
+        keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99);
+        // The paper's map keeps only its best prefix: it is the reference row, not a contender.
+        if (reference && keep) kept.clear();
+      }
+      row["kept"] = keep;
+      table.push_back(row);
+      if (keep) {
+        best = std::min(best, f.dual_mse);
+        kept.push_back(std::move(f));
+      }
+    }
+    for (auto& f : kept) {
+      f.coef = solve_ls(st.train, f.cols, cand.per_head, f.lambda);
+      out.fits.push_back(std::move(f));
+    }
+    out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled")},
+                                {"prefixes", table}});
+  }
+  return out;
+}
+
+}  // namespace compile_detail
+}  // namespace asap

@@ -1,0 +1,88 @@
+// The phases of compile_teacher (include/asap/compile.h lists them), one
+// function each; compile.cpp strings them together per layer.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "asap/artifact.h"
+#include "asap/compile.h"
+#include "asap/fit.h"
+#include "asap/spec.h"
+#include "asap/teacher.h"
+
+namespace asap {
+
+class LayerStream;
+
+namespace compile_detail {
+
+// Seconds spent per phase; the summary's phase_times_s.
+struct PhaseTimes {
+  double read = 0, teacher = 0, features = 0, statistics = 0, solve = 0, selection = 0, latency = 0;
+  nlohmann::json to_json() const;
+};
+
+// ---- statistics (statistics.cpp) ----------------------------------------
+struct Statistics {
+  LsStats train, held;
+  int64_t n_held = 0;
+  std::vector<int64_t> held_idx;  // calibration indices of the held-out examples, increasing
+};
+Statistics gather_statistics(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+                             const FeatureFamily& widest, const CompileOptions& opt, PhaseTimes& times);
+
+// ---- fits (fits.cpp) ------------------------------------------------------
+// The family named by --features at slice prefix L.
+FeatureFamily family_of(const std::string& features, int64_t slices);
+// Whether the family name has slice columns at all ("alpha..." ones do not).
+bool family_has_slices(const std::string& features);
+
+// One fitted ASAP map: family (with its slice prefix), pooling, ridge, coefficients.
+struct Fit {
+  Candidate cand;
+  FeatureFamily family;
+  std::vector<int64_t> cols;
+  double lambda = 0;
+  double dual_mse = -1;               // held-out dual MSE (-1: no held-out data)
+  at::Tensor coef;
+  std::vector<double> error_by_k;     // held-out attention error, k = 1..size
+  bool reference_map = false;         // the paper's map (slices/pooled), reported at every k
+  std::string name() const;           // "slices+alpha/per-head@L16"
+};
+struct FitTable {
+  std::vector<Fit> fits;
+  nlohmann::json slice_tables = nlohmann::json::array();  // per candidate: every prefix tried
+};
+// Per candidate family and pooling, the ridge of each slice prefix from
+// held-out statistics; prefixes whose held-out dual MSE is not 1% below
+// every smaller prefix's are dropped (more slices, more latency, no gain).
+// Without held-out data: the full bank at ridge 1e-3.
+FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const std::vector<Candidate>& candidates,
+                        const std::vector<int64_t>& slice_counts, const std::vector<double>& grid,
+                        const CompileOptions& opt, bool can_select);
+
+// ---- held-out errors (errors.cpp) -----------------------------------------
+// Fills every fit's error_by_k (k = 1..k_eval of that fit) and returns the
+// reduced-budget Sinkhorn errors, T' = 1..T-1 (index T'-1), on at most
+// opt.selection_examples held-out examples, on the fused kernels.
+struct HeldoutErrors {
+  std::vector<double> sinkhorn;  // T' = 1..T-1
+  int64_t examples = 0;
+};
+HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+                             const FeatureFamily& widest, const std::vector<int64_t>& held_idx,
+                             std::vector<Fit>& fits, const std::vector<int>& k_eval, const CompileOptions& opt);
+
+// ---- latency (latency.cpp) ------------------------------------------------
+// The measured model: the fused operators on `deploy` examples of the layer.
+std::shared_ptr<LatencyModel> measured_latency(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+                                               const std::vector<int64_t>& examples, int64_t deploy_batch);
+// CPU model, instruction set and threads of this machine.
+nlohmann::json machine_description();
+
+}  // namespace compile_detail
+}  // namespace asap
