@@ -63,8 +63,12 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
     if (fit.is_object() && fit.contains("chosen") && fit.contains("candidates")) {
       const auto& c = fit["chosen"];
       const int k = c.value("closures", 0);
-      os << "  compiled: " << c.value("family", std::string("?")) << (c.value("per_head", false) ? " per head" : " pooled")
-         << ", k=" << k << " (held-out error at compile " << num(c.value("heldout_attention_error", -1.0)) << ")";
+      if (c.value("operator", std::string("asap")) != "asap")
+        os << "  compiled: " << c.value("description", std::string("?"));
+      else
+        os << "  compiled: " << c.value("family", std::string("?")) << (c.value("per_head", false) ? " per head" : " pooled")
+           << ", k=" << k;
+      os << " (held-out error at compile " << num(c.value("heldout_attention_error", -1.0)) << ")";
       for (const auto& cand : fit["candidates"])
         if (cand.value("candidate", std::string()) == "slices/pooled") {
           const auto& errs = cand["heldout_attention_error_by_k"];
@@ -72,6 +76,8 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
             os << "; paper's map (slices, pooled) at k=" << k << ": " << num(errs[k - 1].get<double>());
         }
       os << "\n";
+      if (fit.contains("decision") && !fit["decision"].get<std::string>().empty())
+        os << "  compile's choice: " << fit["decision"].get<std::string>() << "\n";
     }
   }
   if (v.contains("compare")) {
