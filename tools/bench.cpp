@@ -5,6 +5,7 @@
 //              [--bh 1x4,4x4] [--T 6,10,20] [--d 64] [--reps 5] [--no-mem]
 //              [--ref-max-n 2048] [--pytorch] [--pytorch-max-n 2048]
 //              [--wait-policy passive|active] [--keep-blas]
+//              [--features 16,64] [--sort auto|scalar|network|both]
 //
 // Threads: every runtime gets the same count (--threads, default all
 // cores): the program re-executes itself once with OMP_NUM_THREADS and
@@ -51,6 +52,7 @@
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "fast/sort_network.h"
 
 namespace {
 
@@ -72,6 +74,10 @@ struct Settings {
   std::string only;  // comma-separated op names to run (default all)
   int64_t slices = 64;
   uint64_t seed = 1;
+  // Features-only operators (fast::build_features with L slices, no
+  // closures) for these slice counts, reported against one closure pass.
+  std::vector<int64_t> feature_slices;
+  std::string sort = "both";  // sort path of the features ops: auto, scalar, network, or both (auto and scalar)
 };
 
 struct Inputs {
@@ -196,6 +202,27 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                      sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), k).out);
                    }});
   }
+  // Features only: the sliced potentials of fast::build_features for L
+  // slices (one GEMM per head for the projections, the sorts, the 1-D
+  // potentials, the centering), no closures. "features" runs the default sort
+  // path (the lane-parallel networks for short sequences), "features_scalar"
+  // forces the scalar sorts of sort.h (the path before issue 14).
+  for (int64_t L : s.feature_slices) {
+    auto bank = std::make_shared<at::Tensor>(asap::make_slice_bank(s.d, L, s.seed));
+    auto add = [&](const std::string& name, asap::fast::detail::SortPath path) {
+      ops.push_back({name, static_cast<int>(L), [bank, L, path](const Inputs& in) {
+                       asap::FeatureFamily fam;
+                       fam.slices = L;
+                       const auto old = asap::fast::detail::sort_path();
+                       asap::fast::detail::set_sort_path(path);
+                       sink(asap::fast::build_features(in.q, in.k, at::Tensor(), false, *bank, fam, in.scale, 1.0));
+                       asap::fast::detail::set_sort_path(old);
+                     }});
+    };
+    if (s.sort == "both" || s.sort == "auto") add("features", asap::fast::detail::SortPath::kAuto);
+    if (s.sort == "network") add("features", asap::fast::detail::SortPath::kNetwork);
+    if (s.sort == "both" || s.sort == "scalar") add("features_scalar", asap::fast::detail::SortPath::kScalar);
+  }
   if (n <= s.ref_max_n)
     ops.push_back({"asap_ref", 3, [layer](const Inputs& in) {
                      asap::RunOptions o;
@@ -280,7 +307,12 @@ std::string self_exe() {
 int64_t measure_memory(const Settings& s, const Op& op, int64_t n, int64_t B, int64_t H) {
   std::ostringstream cmd;
   cmd << "'" << self_exe() << "' --mem-child " << op.label() << " --n " << n << " --bh " << B << "x" << H
-      << " --d " << s.d << " --threads " << s.threads << " --slices " << s.slices << " --ref-max-n " << s.ref_max_n;
+      << " --d " << s.d << " --threads " << s.threads << " --slices " << s.slices << " --ref-max-n " << s.ref_max_n
+      << " --sort " << s.sort;
+  if (!s.feature_slices.empty()) {
+    cmd << " --features ";
+    for (size_t i = 0; i < s.feature_slices.size(); ++i) cmd << (i ? "," : "") << s.feature_slices[i];
+  }
   FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return -1;
   char line[256] = {0};
@@ -326,7 +358,7 @@ void usage() {
   std::cout << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
                "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
                "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
-               "                  [--wait-policy passive|active]\n";
+               "                  [--wait-policy passive|active] [--features L,...] [--sort auto|scalar|network|both]\n";
 }
 
 }  // namespace
@@ -385,6 +417,12 @@ int main(int argc, char** argv) try {
       s.pytorch_max_n = std::stoll(next());
     } else if (a == "--only") {
       s.only = next();
+    } else if (a == "--features") {
+      s.feature_slices = parse_list<int64_t>(next());
+    } else if (a == "--sort") {
+      s.sort = next();
+      if (s.sort != "auto" && s.sort != "scalar" && s.sort != "network" && s.sort != "both")
+        throw asap::Error("--sort: expected auto, scalar, network or both, found '" + s.sort + "'");
     } else if (a == "--keep-blas") {
     } else if (a == "--wait-policy") {
       next();
@@ -505,6 +543,23 @@ int main(int argc, char** argv) try {
                      s.mem ? (" peak " + std::to_string(r["peak_extra_bytes"].get<int64_t>() >> 20) + " MiB").c_str()
                            : "");
         results.push_back(r);
+      }
+      // Features-only time over one closure pass of the same shape. The
+      // proxy for "one pass" is the fused Sinkhorn normalizer with T' = 1 (one
+      // row closure fused with the QK^T and plan * V GEMMs): the cheapest
+      // complete operator the fast path runs on these inputs.
+      double pass = 0;
+      for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].name == "sinkhorn" && ops[i].param == 1) pass = median(times[i]);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].name.rfind("features", 0) != 0 || pass <= 0) continue;
+        const double ratio = median(times[i]) / pass;
+        std::fprintf(stderr, "n=%5lld BxH=%lldx%lld d=%lld %s L=%d / one pass (sinkhorn_1, %.4f ms) = %.3f\n",
+                     static_cast<long long>(n), static_cast<long long>(B), static_cast<long long>(H),
+                     static_cast<long long>(s.d), ops[i].name.c_str(), ops[i].param, 1e3 * pass, ratio);
+        out["feature_ratios"].push_back({{"op", ops[i].name}, {"L", ops[i].param}, {"n", n}, {"B", B}, {"H", H},
+                                         {"d", s.d}, {"pass_op", "sinkhorn_1"}, {"pass_median_s", pass},
+                                         {"features_median_s", median(times[i])}, {"ratio", ratio}});
       }
     }
   }

@@ -119,8 +119,10 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   };
   qa_ = gather(q, act.all_rows, act.rows, qa_buf_);
   ka_ = gather(k, act.all_keys, act.keys, ka_buf_);
-  T* kp = kp_.get(ldS_ * d_);
-  kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
+  // Packed keys for the score tiles; skipped when no pass will run (features
+  // without score columns, where packing cost about 8% of the call at n = 50).
+  T* kp = need_scores ? kp_.get(ldS_ * d_) : nullptr;
+  if (need_scores) kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
   has_v_ = v != nullptr;
   if (has_v_) {
     T* vp = vp_.get(nJ_ * dvp_);
@@ -397,7 +399,15 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
     }
   };
   int64_t p = 0;
-  if (fs.L > 0) {
+  const SortPath sp = fs.L > 0 ? sort_path() : SortPath::kAuto;
+  if (fs.L > 0 && (sp == SortPath::kNetwork ||
+                   (sp == SortPath::kAuto && use_network(kt_.isa, sizeof(T) == 8, fs.L, nJ_)))) {
+    // One slice per SIMD lane, sorting networks (sort_network.h), where they
+    // win (use_network: short sequences everywhere, long ones too with
+    // float32 on AVX2/AVX-512); the scalar sorts of sort.h otherwise.
+    slice_features_network(fs, beta, psi);
+    p = fs.L;
+  } else if (fs.L > 0) {
     const int64_t L = fs.L, ldx = round_up(nR_, NR), ldy = round_up(nJ_, NR);
     T* qp = qp_.get(ldx * d_);
     T* kp1 = kp1_.get(ldy * d_);
@@ -478,6 +488,74 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
     }
     for (int64_t i = 0; i < nR_; ++i) phi[i] -= shift;
   }
+}
+
+namespace {
+template <class T>
+const SortNetTable<T>& sort_table_of(const SortNetKernels& k);
+template <>
+const SortNetTable<float>& sort_table_of<float>(const SortNetKernels& k) {
+  return k.f32;
+}
+template <>
+const SortNetTable<double>& sort_table_of<double>(const SortNetKernels& k) {
+  return k.f64;
+}
+}  // namespace
+
+// The slice columns by lane blocks of kSortLanes slices: projections
+// transposed ([row][slice], one GEMM each for queries and keys, the same
+// accumulation order as the scalar path's), then per block the networks on
+// the queries' (value, position) words and on the keys' values, the
+// potentials lane-parallel, and the centering (SortNetTable::slice_block).
+template <class T>
+void Engine<T>::slice_features_network(const FeatureSpec<T>& fs, const double* beta, T* psi) {
+  const Active& a = *act_;
+  const SortNetTable<T>& sk = sort_table_of<T>(sortnet_for(kt_.isa));
+  const int64_t L = fs.L, LB = kSortLanes, Lp = round_up(L, LB), m = nJ_;
+  T* th = thT_.get(d_ * Lp);
+  for (int64_t k = 0; k < d_; ++k)
+    for (int64_t l = 0; l < Lp; ++l) th[k * Lp + l] = l < L ? fs.theta_s[l * d_ + k] : T(0);
+  T* XT = XT_.get(nR_ * Lp);
+  T* YT = YT_.get(m * Lp);
+  sk.project(nR_, d_, qa_, d_, th, Lp, XT);
+  sk.project(m, d_, ka_, d_, th, Lp, YT);
+  kir32_.resize(m);
+  for (int64_t r = 0; r < m; ++r) kir32_[r] = static_cast<int32_t>(a.key_in_rows[r]);
+  extra32_.resize(a.extra_rows.size());
+  for (size_t e = 0; e < a.extra_rows.size(); ++e) extra32_[e] = static_cast<int32_t>(a.extra_rows[e]);
+  if (m != net_m_) {
+    net_ = sort_network(m, &net_count_);
+    net_m_ = m;
+  }
+  const int64_t nc = net_count_;
+  const int32_t* comps = net_;
+  const int64_t work_doubles = static_cast<int64_t>(sortnet_work_bytes(m, nR_) / 8) + 1;
+  pfor(Lp / LB, [&](int64_t blk, int tid) {
+    Scratch& s = scratch_[tid];
+    SliceBlock<T> b;
+    b.m = m;
+    b.nR = nR_;
+    b.lanes = static_cast<int>(std::min(LB, L - blk * LB));
+    b.XT = XT + blk * LB;
+    b.YT = YT + blk * LB;
+    b.ld = Lp;
+    b.kir = kir32_.data();
+    b.extra = extra32_.data();
+    b.n_extra = static_cast<int64_t>(extra32_.size());
+    b.comps = comps;
+    b.n_comps = nc;
+    b.work = s.net_work.get(work_doubles);
+    if (beta) {
+      b.beta = beta + blk * LB;
+      b.acc = s.acc.data();
+      b.shift = &s.shift;
+    } else {
+      b.psi = psi + blk * LB * nR_;
+      b.ldpsi = nR_;
+    }
+    sk.slice_block(b);
+  });
 }
 
 template class Engine<float>;

@@ -16,6 +16,7 @@
 
 #include "fast/common.h"
 #include "fast/sort.h"
+#include "fast/sort_network.h"
 
 namespace asap {
 namespace fast {
@@ -67,6 +68,8 @@ class Engine {
 
   // A new head: q, k rows [n, d], v rows [n, dv] (or nullptr); s_eps =
   // scale / eps. Gathers, packs and (when storing) computes the score tile.
+  // need_scores = false: no pass may run on this head (features without
+  // score columns); the keys are then not packed either.
   void load(const T* q, const T* k, const T* v, const Active& act, double s_eps, bool need_scores = true);
 
   int64_t rows() const { return nR_; }
@@ -107,6 +110,7 @@ class Engine {
     std::vector<T> xg, col;
     std::vector<double> xs, ys, u, acc;
     double shift = 0;
+    Buf<double> net_work;  // lane-parallel path (sort_network.h)
   };
   template <class F>
   void pfor(int64_t count, const F& fn);
@@ -129,6 +133,13 @@ class Engine {
   Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
+  // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
+  // transposed projections [nR][Lp] and [nJ][Lp], positions as int32.
+  Buf<T> thT_, XT_, YT_;
+  std::vector<int32_t> kir32_, extra32_;
+  int64_t net_m_ = -1, net_count_ = 0;  // the comparators of the last m (sort_network locks)
+  const int32_t* net_ = nullptr;
+  void slice_features_network(const FeatureSpec<T>& fs, const double* beta, T* psi);
   std::vector<Scratch> scratch_;
 };
 

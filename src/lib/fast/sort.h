@@ -6,6 +6,8 @@
 // are stable: with indices given in increasing order, ties stay in index
 // order, which is the features' tie rule (asap-math.md section 4). Measured
 // here at about 7-9 ns per element for m = 1024 (std::sort: 9-12).
+// The sliced features use these where the lane-parallel sorting networks of
+// sort_network.h do not win (long sequences, float64 without AVX2, few slices).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,459 @@
+// Lane-parallel sorting networks and sliced potentials (see sort_network.h),
+// written once with GCC vector extensions and compiled per instruction set.
+// Include only from sort_<isa>.cpp, after defining
+//   ASAP_VBYTES   vector width in bytes (16, 32, 64)
+//   ASAP_SORT_NS  a namespace name for this copy
+//   ASAP_ISA_NAME its display name
+// Like kernels_impl.h: internal linkage only, no standard-library inline
+// functions, so nothing compiled for a wide instruction set can be chosen by
+// the linker for code that runs on a narrower one.
+#ifndef ASAP_VBYTES
+#error "define ASAP_VBYTES before including sort_impl.h"
+#endif
+
+#include <cstdint>
+
+#include "fast/sort_network.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// Intrinsics are always-inline functions that are never emitted out of line.
+#include <immintrin.h>
+#endif
+
+namespace asap {
+namespace fast {
+namespace ASAP_SORT_NS {
+namespace {
+
+constexpr int LB = detail::kSortLanes;
+constexpr int VB = ASAP_VBYTES;
+typedef float F __attribute__((vector_size(VB)));
+typedef double D __attribute__((vector_size(VB)));
+typedef int32_t I32 __attribute__((vector_size(VB)));
+typedef int64_t I64 __attribute__((vector_size(VB)));
+typedef uint64_t U64 __attribute__((vector_size(VB)));
+typedef float Fh __attribute__((vector_size(VB / 2)));
+typedef int32_t I32h __attribute__((vector_size(VB / 2)));
+constexpr int W32 = VB / 4, W64 = VB / 8;
+constexpr int NV32 = LB / W32;  // vectors of 32-bit elements per row of a lane block
+constexpr int NV64 = LB / W64;  // vectors of 64-bit elements per row
+static_assert(LB % W32 == 0, "lane block must fill whole vectors");
+
+template <class To, class From>
+inline To bits_as(const From& f) {
+  static_assert(sizeof(To) == sizeof(From), "bit cast between different sizes");
+  To t;
+  __builtin_memcpy(&t, &f, sizeof(To));
+  return t;
+}
+template <class V, class T>
+inline V load(const T* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class T>
+inline void store(T* p, const V& v) {
+  __builtin_memcpy(p, &v, sizeof(V));
+}
+template <class V>
+inline V vmin(V a, V b) {
+  return a < b ? a : b;
+}
+template <class V>
+inline V vmax(V a, V b) {
+  return a < b ? b : a;
+}
+
+// Order-preserving signed images of the values; -0 and +0 tie (x + 0 maps
+// -0 to +0), NaNs order like the scalar sort's unsigned keys (sort.h).
+inline I32 skey(F x) {
+  x += 0.0f;
+  const I32 u = bits_as<I32>(x);
+  return u ^ ((u >> 31) & 0x7FFFFFFF);
+}
+inline I64 skey(D x) {
+  x += 0.0;
+  const I64 u = bits_as<I64>(x);
+  return u ^ ((u >> 63) & 0x7FFFFFFFFFFFFFFFll);
+}
+inline F key_value(I32 s) { return bits_as<F>(s ^ ((s >> 31) & 0x7FFFFFFF)); }
+inline D key_value(I64 s) { return bits_as<D>(s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFFll)); }
+
+// The two halves of a vector of 32-bit elements, widened to 64-bit elements.
+inline void halves(I32 s, I64& lo, I64& hi) {
+  I32h a, b;
+  __builtin_memcpy(&a, &s, VB / 2);
+  __builtin_memcpy(&b, reinterpret_cast<const char*>(&s) + VB / 2, VB / 2);
+  lo = __builtin_convertvector(a, I64);
+  hi = __builtin_convertvector(b, I64);
+}
+inline void halves(F s, D& lo, D& hi) {
+  Fh a, b;
+  __builtin_memcpy(&a, &s, VB / 2);
+  __builtin_memcpy(&b, reinterpret_cast<const char*>(&s) + VB / 2, VB / 2);
+  lo = __builtin_convertvector(a, D);
+  hi = __builtin_convertvector(b, D);
+}
+
+// float32 query words: key in the upper half, position in the lower one.
+inline D word_value(I64 w) {
+  const I64 s = w >> 32;
+  const I64 u = s ^ ((s >> 63) & 0x7FFFFFFF);
+  return __builtin_convertvector(bits_as<Fh>(__builtin_convertvector(u, I32h)), D);
+}
+inline I32h word_pos(I64 w) { return __builtin_convertvector(w, I32h); }
+
+// W64 values of T as doubles, and back (rounded to T).
+inline D load_d(const float* p) { return __builtin_convertvector(load<Fh>(p), D); }
+inline D load_d(const double* p) { return load<D>(p); }
+inline void store_t(float* p, D x) { store(p, __builtin_convertvector(x, Fh)); }
+inline void store_t(double* p, D x) { store(p, x); }
+
+// COL[l * ldc + ps[l]] = ph[l] for the LB lanes l; `lane` holds l * ldc.
+// (AVX-512's scatter instructions measured no faster than these stores.)
+template <class T>
+inline void scatter(T* COL, const int32_t* ps, const T* ph, const int32_t* lane) {
+  for (int l = 0; l < LB; ++l) COL[lane[l] + ps[l]] = ph[l];
+}
+
+// ------------------------------------------------------ sorting networks ---
+//
+// The words of a lane block live in rows, one per element r: a query part
+// (float32: LB int64 words (key << 32) | position; float64: LB int64 keys,
+// then LB int64 positions) and/or a key part (float32: LB int32 keys;
+// float64: LB int64 keys). Both networks of a block run in one sweep over
+// the comparators, on one row pointer per end.
+
+template <class T>
+struct Part;
+template <>
+struct Part<float> {
+  static constexpr int64_t q = NV64 * VB, k = NV32 * VB;
+};
+template <>
+struct Part<double> {
+  static constexpr int64_t q = 2 * NV64 * VB, k = NV64 * VB;
+};
+
+template <class T, bool Q, bool K>
+struct Rows {
+  static constexpr int64_t koff = Q ? Part<T>::q : 0;
+  static constexpr int64_t bytes = (Q ? Part<T>::q : 0) + (K ? Part<T>::k : 0);
+};
+
+template <class V, int NV>
+inline void cex(V* x, V* y) {
+  for (int v = 0; v < NV; ++v) {
+    const V p = x[v], q = y[v];
+    x[v] = vmin(p, q);
+    y[v] = vmax(p, q);
+  }
+}
+// Query parts: float32 words are unique, so min/max; float64 (key, position)
+// pairs compare lexicographically (keys by min/max: equal keys are equal either way).
+inline void cex_q(float*, char* a, char* b) { cex<I64, NV64>(reinterpret_cast<I64*>(a), reinterpret_cast<I64*>(b)); }
+inline void cex_q(double*, char* a, char* b) {
+  I64* Ka = reinterpret_cast<I64*>(a);
+  I64* Kb = reinterpret_cast<I64*>(b);
+  I64* Pa = Ka + NV64;
+  I64* Pb = Kb + NV64;
+  for (int v = 0; v < NV64; ++v) {
+    const I64 ka = Ka[v], kb = Kb[v], pa = Pa[v], pb = Pb[v];
+    const I64 sw = (ka > kb) | ((ka == kb) & (pa > pb));
+    Ka[v] = vmin(ka, kb);
+    Kb[v] = vmax(ka, kb);
+    Pa[v] = sw ? pb : pa;
+    Pb[v] = sw ? pa : pb;
+  }
+}
+inline void cex_k(float*, char* a, char* b) { cex<I32, NV32>(reinterpret_cast<I32*>(a), reinterpret_cast<I32*>(b)); }
+inline void cex_k(double*, char* a, char* b) { cex<I64, NV64>(reinterpret_cast<I64*>(a), reinterpret_cast<I64*>(b)); }
+
+// Every comparator (i, j) of the network: minimum to row i, maximum to row j.
+template <class T, bool Q, bool K>
+inline void network(char* w, const int32_t* c, int64_t nc) {
+  typedef Rows<T, Q, K> R;
+  for (int64_t t = 0; t < nc; ++t) {
+    char* a = w + static_cast<int64_t>(c[2 * t]) * R::bytes;
+    char* b = w + static_cast<int64_t>(c[2 * t + 1]) * R::bytes;
+    if (Q) cex_q(static_cast<T*>(nullptr), a, b);
+    if (K) cex_k(static_cast<T*>(nullptr), a + R::koff, b + R::koff);
+  }
+}
+
+// Query part of a row from the LB values at x, with payload (position) p.
+inline void put_q(char* row, const float* x, int32_t p) {
+  I64* q = reinterpret_cast<I64*>(row);
+  const I64 pv = I64{} + static_cast<int64_t>(static_cast<uint32_t>(p));
+  for (int k = 0; k < NV32; ++k) {
+    I64 lo, hi;
+    halves(skey(load<F>(x + k * W32)), lo, hi);
+    q[2 * k] = bits_as<I64>(bits_as<U64>(lo) << 32) | pv;
+    q[2 * k + 1] = bits_as<I64>(bits_as<U64>(hi) << 32) | pv;
+  }
+}
+inline void put_q(char* row, const double* x, int32_t p) {
+  I64* K = reinterpret_cast<I64*>(row);
+  const I64 pv = I64{} + static_cast<int64_t>(p);
+  for (int k = 0; k < NV64; ++k) {
+    K[k] = skey(load<D>(x + k * W64));
+    K[NV64 + k] = pv;
+  }
+}
+inline void put_k(char* row, const float* y) {
+  I32* k = reinterpret_cast<I32*>(row);
+  for (int j = 0; j < NV32; ++j) k[j] = skey(load<F>(y + j * W32));
+}
+inline void put_k(char* row, const double* y) {
+  I64* k = reinterpret_cast<I64*>(row);
+  for (int j = 0; j < NV64; ++j) k[j] = skey(load<D>(y + j * W64));
+}
+// Values (as double) and positions of a sorted query part; values of a key part.
+inline void get_q(const char* row, float*, D* x, I32h* pos) {
+  const I64* q = reinterpret_cast<const I64*>(row);
+  for (int k = 0; k < NV64; ++k) {
+    x[k] = word_value(q[k]);
+    pos[k] = word_pos(q[k]);
+  }
+}
+inline void get_q(const char* row, double*, D* x, I32h* pos) {
+  const I64* K = reinterpret_cast<const I64*>(row);
+  for (int k = 0; k < NV64; ++k) {
+    x[k] = key_value(K[k]);
+    pos[k] = __builtin_convertvector(K[NV64 + k], I32h);
+  }
+}
+inline void get_k(const char* row, float*, D* y) {
+  const I32* k = reinterpret_cast<const I32*>(row);
+  for (int j = 0; j < NV32; ++j) halves(key_value(k[j]), y[2 * j], y[2 * j + 1]);
+}
+inline void get_k(const char* row, double*, D* y) {
+  const I64* k = reinterpret_cast<const I64*>(row);
+  for (int j = 0; j < NV64; ++j) y[j] = key_value(k[j]);
+}
+
+template <class T>
+void sort_lanes(int64_t m, const T* v, int64_t ldv, const int32_t* payload, const int32_t* comps, int64_t nc,
+                void* work, T* out_v, int32_t* out_p) {
+  char* w = static_cast<char*>(work);
+  T* const tag = nullptr;
+  if (payload) {
+    typedef Rows<T, true, false> R;
+    for (int64_t r = 0; r < m; ++r) put_q(w + r * R::bytes, v + r * ldv, payload[r]);
+    network<T, true, false>(w, comps, nc);
+    for (int64_t r = 0; r < m; ++r) {
+      D x[NV64];
+      I32h pos[NV64];
+      get_q(w + r * R::bytes, tag, x, pos);
+      for (int k = 0; k < NV64; ++k)
+        for (int e = 0; e < W64; ++e) {
+          out_v[r * LB + k * W64 + e] = static_cast<T>(x[k][e]);
+          out_p[r * LB + k * W64 + e] = pos[k][e];
+        }
+    }
+  } else {
+    typedef Rows<T, false, true> R;
+    for (int64_t r = 0; r < m; ++r) put_k(w + r * R::bytes, v + r * ldv);
+    network<T, false, true>(w, comps, nc);
+    for (int64_t r = 0; r < m; ++r) {
+      D y[NV64];
+      get_k(w + r * R::bytes, tag, y);
+      for (int k = 0; k < NV64; ++k)
+        for (int e = 0; e < W64; ++e) out_v[r * LB + k * W64 + e] = static_cast<T>(y[k][e]);
+    }
+  }
+}
+
+// ----------------------------------------------------------- projections ---
+
+template <class T, int MR, int NV>
+inline void project_tile(int64_t d, const T* A, int64_t lda, const T* thT, int64_t Lp, T* out) {
+  typedef T V __attribute__((vector_size(VB)));
+  constexpr int W = VB / static_cast<int>(sizeof(T));
+  V acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < d; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load<V>(thT + k * Lp + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const V a = A[r * lda + k] - V{};  // a broadcast (x - 0 == x for every x, so no add)
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store(out + r * Lp + v * W, acc[r][v]);
+}
+
+template <class T, int NV>
+inline void project_cols(int64_t rows, int64_t d, const T* A, int64_t lda, const T* thT, int64_t Lp, T* out) {
+  // Enough independent accumulators to hide the FMA latency.
+  constexpr int MR = NV <= 2 ? 8 : 4;
+  int64_t i = 0;
+  for (; i + MR <= rows; i += MR) project_tile<T, MR, NV>(d, A + i * lda, lda, thT, Lp, out + i * Lp);
+  for (; i < rows; ++i) project_tile<T, 1, NV>(d, A + i * lda, lda, thT, Lp, out + i * Lp);
+}
+
+// Same accumulation order as the kernels' gemm_nt (k ascending, one fused
+// multiply-add per term where the instruction set has them).
+template <class T>
+void project(int64_t rows, int64_t d, const T* A, int64_t lda, const T* thT, int64_t Lp, T* out) {
+  constexpr int W = VB / static_cast<int>(sizeof(T));
+  const int64_t nv = Lp / W;
+  for (int64_t v0 = 0; v0 < nv; v0 += 4) {
+    const int64_t c = nv - v0 < 4 ? nv - v0 : 4;
+    const T* th = thT + v0 * W;
+    T* o = out + v0 * W;
+    if (c == 4)
+      project_cols<T, 4>(rows, d, A, lda, th, Lp, o);
+    else if (c == 3)
+      project_cols<T, 3>(rows, d, A, lda, th, Lp, o);
+    else if (c == 2)
+      project_cols<T, 2>(rows, d, A, lda, th, Lp, o);
+    else
+      project_cols<T, 1>(rows, d, A, lda, th, Lp, o);
+  }
+}
+
+// ------------------------------------------------------ sliced potentials ---
+
+// Last r with xs[r * LB] <= p (std::upper_bound - 1), -1 when none.
+inline int64_t last_leq(const double* xs, int64_t m, double p) {
+  int64_t first = 0, count = m;
+  while (count > 0) {
+    const int64_t step = count / 2, it = first + step;
+    if (!(p < xs[it * LB])) {
+      first = it + 1;
+      count -= step + 1;
+    } else {
+      count = step;
+    }
+  }
+  return first - 1;
+}
+
+// Bump allocator over the caller's scratch (64-byte steps).
+struct Arena {
+  char* p;
+  template <class U>
+  U* take(int64_t count) {
+    U* r = reinterpret_cast<U*>(p);
+    p += (static_cast<int64_t>(sizeof(U)) * count + 63) / 64 * 64;
+    return r;
+  }
+};
+
+// u_(1) = 0, u_(r+1) = u_(r) + ys_(r) (xs_(r+1) - xs_(r)); phi_(r) = xs_(r)^2 / 2 - u_(r),
+// from the sorted rows, rounded to T and scattered to the rows of R by
+// position (lane l of COL at COL + l * ldc). Extra: also the sorted values
+// and u, [m][LB] each, for the rows that are not keys.
+template <class T, bool Extra>
+inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS, double* YS, double* U) {
+  typedef Rows<T, true, true> R;
+  T* const tag = nullptr;
+  alignas(64) int32_t lane[LB];
+  for (int l = 0; l < LB; ++l) lane[l] = static_cast<int32_t>(l * ldc);
+  D u[NV64], xp[NV64], yp[NV64];
+  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = D{};
+  for (int64_t r = 0; r < m; ++r) {
+    D x[NV64], y[NV64];
+    I32h pos[NV64];
+    get_q(w + r * R::bytes, tag, x, pos);
+    get_k(w + r * R::bytes + R::koff, tag, y);
+    alignas(64) T ph[LB];
+    alignas(64) int32_t ps[LB];
+    for (int k = 0; k < NV64; ++k) {
+      if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
+      if (Extra) {
+        store(XS + r * LB + k * W64, x[k]);
+        store(YS + r * LB + k * W64, y[k]);
+        store(U + r * LB + k * W64, u[k]);
+      }
+      store_t(ph + k * W64, 0.5 * x[k] * x[k] - u[k]);
+      store(ps + k * W64, pos[k]);
+      xp[k] = x[k];
+      yp[k] = y[k];
+    }
+    scatter(COL, ps, ph, lane);
+  }
+}
+
+template <class T>
+void slice_block(const detail::SliceBlock<T>& b) {
+  typedef Rows<T, true, true> R;
+  const int64_t m = b.m, nR = b.nR, ldc = (nR + 7) / 8 * 8;
+  Arena ar{static_cast<char*>(b.work)};
+  char* w = ar.take<char>(m * R::bytes);
+  T* COL = ar.take<T>(LB * ldc);  // the columns, lane l at COL + l * ldc
+  for (int64_t r = 0; r < m; ++r) {
+    put_q(w + r * R::bytes, b.XT + static_cast<int64_t>(b.kir[r]) * b.ld, b.kir[r]);
+    put_k(w + r * R::bytes + R::koff, b.YT + r * b.ld);
+  }
+  network<T, true, true>(w, b.comps, b.n_comps);
+  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  if (b.n_extra > 0) {
+    XS = ar.take<double>(m * LB);
+    YS = ar.take<double>(m * LB);
+    U = ar.take<double>(m * LB);
+    potentials<T, true>(m, w, COL, ldc, XS, YS, U);
+  } else {
+    potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr);
+  }
+  // Rows that are not keys: the potential extended by its outer rays
+  // (asap::detail::eval_potential).
+  for (int64_t e = 0; e < b.n_extra; ++e) {
+    const int64_t row = b.extra[e];
+    const T* x = b.XT + row * b.ld;
+    for (int l = 0; l < LB; ++l) {
+      const double p = static_cast<double>(x[l]);
+      const double* xs = XS + l;
+      double up;
+      if (p < xs[0]) {
+        up = YS[l] * (p - xs[0]);
+      } else {
+        const int64_t r = last_leq(xs, m, p);
+        up = U[r * LB + l] + YS[r * LB + l] * (p - xs[r * LB]);
+      }
+      COL[l * ldc + row] = static_cast<T>(0.5 * p * p - up);
+    }
+  }
+  // Center over R and emit (Engine::features' `take`, per slice).
+  for (int l = 0; l < b.lanes; ++l) {
+    const T* c = COL + l * ldc;
+    D s0 = D{}, s1 = D{};
+    int64_t i = 0;
+    for (; i + 2 * W64 <= nR; i += 2 * W64) {
+      s0 += load_d(c + i);
+      s1 += load_d(c + i + W64);
+    }
+    s0 += s1;
+    double sum = 0;
+    for (int k = 0; k < W64; ++k) sum += s0[k];
+    for (; i < nR; ++i) sum += static_cast<double>(c[i]);
+    const double mean = sum / static_cast<double>(nR);
+    if (b.beta) {
+      const double bl = b.beta[l];
+      *b.shift += bl * mean;
+      double* acc = b.acc;
+      for (i = 0; i + W64 <= nR; i += W64) store(acc + i, load<D>(acc + i) + bl * load_d(c + i));
+      for (; i < nR; ++i) acc[i] += bl * static_cast<double>(c[i]);
+    } else {
+      T* o = b.psi + l * b.ldpsi;
+      for (i = 0; i + W64 <= nR; i += W64) store_t(o + i, load_d(c + i) - mean);
+      for (; i < nR; ++i) o[i] = static_cast<T>(static_cast<double>(c[i]) - mean);
+    }
+  }
+}
+
+template <class T>
+constexpr detail::SortNetTable<T> make_sort_table() {
+  return detail::SortNetTable<T>{ASAP_ISA_NAME, &project<T>, &sort_lanes<T>, &slice_block<T>};
+}
+
+constexpr detail::SortNetKernels kSortTable{make_sort_table<float>(), make_sort_table<double>()};
+
+}  // namespace
+}  // namespace ASAP_SORT_NS
+}  // namespace fast
+}  // namespace asap
