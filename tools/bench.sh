@@ -5,12 +5,40 @@
 # docs/bench_compile.json when tools/bench_compile.sh has written it).
 #
 #   tools/bench.sh [asap_bench options...]     e.g. tools/bench.sh --quick
+#   tools/bench.sh --features [asap_bench options...]
+#
+# --features: the sliced features alone against one closure pass (issue 14),
+# nothing rendered: fast::build_features with the default sort path
+# ("features": sorting networks for short sequences) and with the scalar
+# sorts forced ("features_scalar", the path before), and the fused Sinkhorn
+# normalizer T' = 1 as "one pass", in one run, at n = 50, B x H = 16 x 4,
+# d = 16, L = 16 and at n = 1024, B x H = 4 x 4, d = 64, L = 64. Prints the
+# ratios (target: features / one pass <= 1.0); raw results to $OUT.n50 and
+# $OUT.n1024 when OUT is set.
+#
+#   tools/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
+#
+# --exact times only the exact fused teacher from Python: a Sinkformer
+# attention module's own PyTorch loop against the same module under
+# asap_torch.patch_model(model, exact=True), in one process on the same
+# threads, round-robin, medians, once per OpenMP wait-policy setting
+# (tools/bench_pytorch.py --exact), prints the
+# table with the speed-ups and writes it into docs/python.md (and the raw
+# timings to $OUT when set). It needs libasap_torch_op.so (ASAP_TORCH_OP,
+# next to $ASAPC, or build/src/torch_op/).
 #
 # ASAP_BENCH=path/to/asap_bench picks the binary (default: the first of
 # build/tools, build-perf/tools, build-perf/tools-standalone); OUT=file.json
 # where the raw results go (default docs/bench.json).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-/usr/bin/python3}
+if [ "${1:-}" = "--exact" ]; then
+  shift
+  echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  if [ -n "${OUT:-}" ]; then set -- --json "$OUT" "$@"; fi
+  exec "$PY" "$ROOT/tools/bench_pytorch.py" --exact --md "$ROOT/docs/python.md" "$@"
+fi
 BENCH=${ASAP_BENCH:-}
 if [ -z "$BENCH" ]; then
   for c in build/tools/asap_bench build-perf/tools/asap_bench build-perf/tools-standalone/asap_bench; do
@@ -21,8 +49,18 @@ if [ -z "$BENCH" ]; then
   echo "bench.sh: no asap_bench found; build it (target asap_bench) or set ASAP_BENCH" >&2
   exit 1
 fi
+if [ "${1:-}" = "--features" ]; then
+  shift
+  echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  J50=/dev/null J1024=/dev/null
+  if [ -n "${OUT:-}" ]; then J50=$OUT.n50 J1024=$OUT.n1024; fi
+  "$BENCH" --n 50 --bh 16x4 --d 16 --features 16 --k 1 --only sinkhorn_1,features,features_scalar \
+    --reps 300 --no-mem --json "$J50" "$@" 2>&1 | grep '^n='
+  "$BENCH" --n 1024 --bh 4x4 --d 64 --features 64 --k 1 --only sinkhorn_1,features,features_scalar \
+    --reps 15 --no-mem --json "$J1024" "$@" 2>&1 | grep '^n='
+  exit 0
+fi
 OUT=${OUT:-$ROOT/docs/bench.json}
-PY=${PYTHON:-/usr/bin/python3}
 echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$BENCH" --pytorch --json "$OUT" "$@"
 "$PY" "$ROOT/tools/bench_report.py" "$OUT" --md "$ROOT/docs/performance.md" --svg "$ROOT/docs/performance.svg" \

@@ -13,9 +13,16 @@
 //   attend_full(...same...) -> (Tensor out, Tensor attention, Tensor phi_hat)
 //   forward(int handle, str layer, Tensor x, Tensor? key_mask, int closures) -> Tensor
 //   path(int handle) -> str
+//   teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1,
+//           bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False)
+//       -> (Tensor out, Tensor attention)      the exact finite Sinkhorn loop, no artifact
 //
 // q, k [B, H, n, d], v [B, H, n, dv], key_mask [B, n] (true / nonzero = token);
-// closures = 0 takes the layer's compiled default. Inference only: the
+// closures = 0 takes the layer's compiled default. A layer whose operator
+// kind is "sinkhorn" or "teacher" (format_version 3) runs the teacher's loop
+// with T' or T half-steps: it has no closures (pass 0) and attend_full
+// returns an empty phi_hat. teacher() returns an empty attention unless
+// return_attention is true. Inference only: the
 // kernels run under NoGradGuard and their outputs carry no gradient (a
 // one-time warning says so when an input requires one). Bad input (unknown
 // layer, wrong shape, unreadable artifact) raises ValueError in Python.
@@ -33,6 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -44,6 +52,7 @@
 #include "asap/error.h"
 #include "asap/runtime.h"
 #include "asap/spec.h"
+#include "asap/teacher.h"
 
 namespace {
 
@@ -176,6 +185,10 @@ std::string op_layer_info(int64_t handle, const std::string& layer) {
     j["teacher_sha256"] = model->artifact().teacher_sha256;
     j["teacher_file"] = model->artifact().teacher_file;
     j["spec"] = spec["layers"][0];
+    j["operator"] = asap::operator_kind_name(L.kind);
+    j["sinkhorn_steps"] = L.sinkhorn_steps;
+    j["lse_passes"] = L.lse_passes();
+    j["describe"] = L.describe();
     const asap::FeatureFamily& f = L.family;
     j["family"] = {{"name", f.name()},
                    {"slices", f.slices},
@@ -216,7 +229,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_attend_full(int64_t handle, co
                                                               const c10::optional<at::Tensor>& key_mask,
                                                               int64_t closures) {
   auto r = run("attend_full", handle, layer, q, k, v, key_mask, closures, true);
-  return {r.out, r.attention, r.phi_hat};
+  // The zero-parameter kinds (sinkhorn, teacher) predict no dual: an empty tensor.
+  return {r.out, r.attention, r.phi_hat.defined() ? r.phi_hat : q.new_empty({0})};
 }
 
 at::Tensor op_forward(int64_t handle, const std::string& layer, const at::Tensor& x,
@@ -229,6 +243,41 @@ at::Tensor op_forward(int64_t handle, const std::string& layer, const at::Tensor
   asap::RunOptions opt;
   opt.closures = static_cast<int>(closures);
   return guarded("forward", [&] { return model->forward(layer, x, mask_of(key_mask), opt); });
+}
+
+// The exact finite Sinkhorn loop (asap::run_teacher, fused kernels on CPU
+// float32/float64) for callers with no artifact: patch_model(exact=True).
+std::tuple<at::Tensor, at::Tensor> op_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const c10::optional<at::Tensor>& key_mask, double scale, int64_t T,
+                                              double eps, bool drop_padded_queries, bool multiply_by_n,
+                                              bool return_attention) {
+  TORCH_CHECK_VALUE(T >= 1 && T <= 1000000000, "asap::teacher: T (Sinkhorn half-steps) must be >= 1, found ", T);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "asap::teacher: eps must be a finite number > 0, found ", eps);
+  TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0, "asap::teacher: scale must be a finite number > 0, found ",
+                    scale);
+  TORCH_CHECK_VALUE(q.dim() == 4, "asap::teacher: q must be [B, H, n, d], found ", q.sizes());
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+                    "asap::teacher: q must be float32 or float64, found ", q.scalar_type());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "asap::teacher: k must have q's shape ", q.sizes(), ", found ",
+                    k.sizes());
+  TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+                    "asap::teacher: v must be [", q.size(0), ", ", q.size(1), ", ", q.size(2), ", dv], found ",
+                    v.sizes());
+  TORCH_CHECK_VALUE(k.is_floating_point() && v.is_floating_point(),
+                    "asap::teacher: k and v must be floating point, found ", k.scalar_type(), " and ",
+                    v.scalar_type());
+  warn_if_grad("teacher", {&q, &k, &v});
+  at::NoGradGuard no_grad;
+  asap::Convention c;
+  c.eps = eps;
+  c.drop_padded_queries = drop_padded_queries;
+  c.multiply_by_n = multiply_by_n;
+  const at::Tensor mask = mask_of(key_mask);
+  auto r = guarded("teacher", [&] {
+    return asap::run_teacher(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, scale, static_cast<int>(T), c,
+                             return_attention);
+  });
+  return {r.O, return_attention ? r.A : q.new_empty({0})};
 }
 
 }  // namespace
@@ -247,4 +296,7 @@ TORCH_LIBRARY(asap, m) {
         "int closures=0) -> (Tensor, Tensor, Tensor)",
         op_attend_full);
   m.def("forward(int handle, str layer, Tensor x, Tensor? key_mask=None, int closures=0) -> Tensor", op_forward);
+  m.def("teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1.0, "
+        "bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False) -> (Tensor, Tensor)",
+        op_teacher);
 }

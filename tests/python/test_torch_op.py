@@ -7,7 +7,11 @@ asap_torch package (no pytest needed).
 Compiles two small artifacts from the fixtures with $ASAPC (default
 build/asapc), then checks the custom operator against the pure-PyTorch
 operator, patched models against running the model with the operator by
-hand, TorchScript, errors, the cache and threads. The library is found as
+hand, TorchScript, errors, the cache and threads; the operator kinds of
+format_version 3 ('sinkhorn', 'teacher' layers, written with h5py from the
+compiled artifacts) against the teacher's loop with T' or T half-steps; and
+the exact teacher without an artifact (torch.ops.asap.teacher,
+patch_model(exact=True)) against the unpatched Sinkformer-style models. The library is found as
 asap_torch finds it ($ASAP_TORCH_OP, next to $ASAPC, build/src/torch_op/).
 A missing library fails the run unless ASAP_ALLOW_NO_TORCH_OP=1 (then the
 tests that need it are skipped and the fallback is still tested).
@@ -83,11 +87,20 @@ WORK = tempfile.mkdtemp(prefix="asap_torch_op_test_")
 _art = {}
 
 
+def asap_only_flags():
+    """compile flags that keep every layer an ASAP map (the tests below
+    assume closures): --objective fidelity chooses by accuracy alone, with no
+    timing, where this asapc can store plain Sinkhorn or the teacher."""
+    r = subprocess.run([ASAPC, "compile", "--help"], capture_output=True, text=True)
+    return ["--objective", "fidelity"] if "fidelity" in r.stdout + r.stderr else []
+
+
 def artifacts():
     """{'vit': path, 'text': path, 'vit_calib': path, 'text_calib': path}"""
     if _art:
         return _art
     assert os.path.isfile(ASAPC), "asapc not found at %s (set ASAPC)" % ASAPC
+    flags = asap_only_flags()
     rec = os.path.join(TOOLS, "record_calib.py")
     vit_calib = os.path.join(WORK, "vit_calib.h5")
     text_calib = os.path.join(WORK, "text_calib.h5")
@@ -96,13 +109,13 @@ def artifacts():
     vit = os.path.join(WORK, "vit.asap.h5")
     run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
          os.path.join(FIXTURES, "vit.spec.json"), "--calib", vit_calib, "-o", vit, "--no-report",
-         "-q", "--threads", "1"])
+         "-q", "--threads", "1"] + flags)
     spec = os.path.join(WORK, "text.spec.json")
     run([ASAPC, "inspect", os.path.join(FIXTURES, "text_state_dict.pt"), "--T", "5", "--heads",
          "4", "-o", spec])
     text = os.path.join(WORK, "text.asap.h5")
     run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec", spec,
-         "--calib", text_calib, "-o", text, "--no-report", "-q", "--threads", "1"])
+         "--calib", text_calib, "-o", text, "--no-report", "-q", "--threads", "1"] + flags)
     _art.update(vit=vit, text=text, vit_calib=vit_calib, text_calib=text_calib)
     return _art
 
@@ -153,7 +166,7 @@ def test_library_found():
             "ASAP_ALLOW_NO_TORCH_OP=1 runs the rest without it." % asap_torch.library_error())
     need_op()
     for op in ("load", "layers", "layer_info", "attend", "attend_with_attention", "attend_full",
-               "forward", "path"):
+               "forward", "path", "teacher"):
         assert callable(getattr(torch.ops.asap, op)), op
     print("     library: %s" % asap_torch.library_path())
 
@@ -514,6 +527,15 @@ with warnings.catch_warnings(record=True) as w:
     asap_torch.patch_model(model.eval(), art)
     with torch.no_grad():
         y = model(sm.synthetic_images(4, seed=5))[0]
+    # the exact teacher falls back too (the same one warning)
+    tm, tok = sm.fixture_text(), sm.synthetic_tokens(6, seed=11)
+    with torch.no_grad():
+        want = tm(tok)
+        asap_torch.patch_model(tm, exact=True)
+        assert all(m.backend == "torch" for m in asap_torch.patched_layers(tm).values())
+        got = tm(tok)
+    assert float((got[0] - want[0]).abs().max()) <= 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(got[1], want[1])) <= 1e-5
 msgs = [str(x.message) for x in w if "pure-PyTorch fallback" in str(x.message)]
 assert art.backend == "torch" and len(msgs) == 1, msgs
 torch.save(y, %r)
@@ -535,6 +557,460 @@ print("ok")
             "    print('refused' if 'not available' in str(e) else e)\n" % (TOOLS, a["vit"])
     r = subprocess.run([PYTHON, "-c", code2], capture_output=True, text=True, env=env, cwd=REPO)
     assert r.stdout.strip() == "refused", r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------
+# the exact teacher without an artifact: torch.ops.asap.teacher, exact=True
+# --------------------------------------------------------------------------
+
+BACKENDS = ("op", "torch") if OP else ("torch",)
+
+
+class OfficialAttention(torch.nn.Module):
+    """The released Sinkformer ViT Attention (vit-pytorch/vit_pytorch/vit.py):
+    T and eps live in `sink`, a SinkhornDistance; no `eps` attribute."""
+
+    def __init__(self, dim, heads, dim_head, max_iter, eps):
+        super().__init__()
+        import bench_pytorch
+        inner = dim_head * heads
+        self.heads, self.scale, self.max_iter = heads, dim_head ** -0.5, max_iter
+        self.sink = bench_pytorch.SinkhornDistance(eps=eps, max_iter=max_iter)
+        self.to_qkv = torch.nn.Linear(dim, inner * 3, bias=False)
+        self.to_out = torch.nn.Sequential(torch.nn.Linear(inner, dim), torch.nn.Dropout(0.0))
+
+    def forward(self, x):
+        q, k, v = (t.view(x.shape[0], x.shape[1], self.heads, -1).transpose(1, 2)
+                   for t in self.to_qkv(x).chunk(3, dim=-1))
+        dots = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        shape = dots.shape
+        attn = self.sink(dots.view(-1, shape[2], shape[3]))[0]
+        attn = (attn * attn.shape[-1]).view(shape)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        return self.to_out(out), attn
+
+
+def _exact_cases():
+    """(what, model, inputs, attention modules) of Sinkformer-style models."""
+    torch.manual_seed(7)
+    off = OfficialAttention(32, 2, 16, max_iter=7, eps=0.7).eval()
+    return [("ViT fixture T=6", vit_model(), (sm.synthetic_images(7, seed=5),)),
+            ("ViT T=5 eps=0.5", sm.fixture_vit(max_iter=5, eps=0.5), (sm.synthetic_images(5, seed=6),)),
+            ("text fixture T=5, padded", text_model(), (sm.synthetic_tokens(9, seed=11),)),
+            ("text T=8, padded", sm.fixture_text(n_it=8), (sm.synthetic_tokens(8, seed=3),)),
+            ("official ViT Attention T=7 eps=0.7", off, (torch.randn(4, 17, 32),))]
+
+
+def _outputs(model, inputs):
+    y, attn = model(*inputs)
+    attn = [torch.as_tensor(a) for a in attn] if isinstance(attn, list) else [attn]
+    return y, attn
+
+
+@test
+def test_exact_patch_matches_models():
+    for what, model, inputs in _exact_cases():
+        if "text" in what:
+            assert bool(inputs[0].eq(0).any()), what + ": the batch should be padded"
+        mods = [n for n, m in model.named_modules() if asap_torch.module_kind(m)]
+        for dtype in (torch.float32, torch.float64):
+            model = model.to(dtype)
+            xs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+            with torch.no_grad():
+                y0, a0 = _outputs(model, xs)
+                for backend in BACKENDS:
+                    asap_torch.patch_model(model, exact=True, backend=backend)
+                    patched = asap_torch.patched_layers(model)
+                    assert sorted(patched) == sorted(mods), (what, sorted(patched))
+                    assert all(isinstance(m, asap_torch.TeacherAttention) and m.backend == backend
+                               for m in patched.values())
+                    y1, a1 = _outputs(model, xs)
+                    tag = "%s %s %s" % (what, dtype, backend)
+                    assert y1.dtype == dtype, tag
+                    close(y1, y0, tag + " output")
+                    assert len(a1) == len(a0)
+                    for i, (a, b) in enumerate(zip(a1, a0)):
+                        close(a, b, tag + " attention %d" % i)
+                    # return_attention=False: same output, empty attention
+                    asap_torch.patch_model(model, exact=True, backend=backend,
+                                           return_attention=False)
+                    y2, a2 = _outputs(model, xs)
+                    close(y2, y0, tag + " return_attention=False")
+                    assert all(a.numel() == 0 for a in a2), tag
+                    asap_torch.unpatch_model(model)
+                    assert asap_torch.patched_layers(model) == {}
+                    y3, a3 = _outputs(model, xs)
+                    close(y3, y0, tag + " unpatched", 0)
+        print("     %s: outputs and attention match (%s)" % (what, ", ".join(BACKENDS)))
+
+
+@test
+def test_exact_reads_module_conventions():
+    c = asap_torch.teacher_conventions(OfficialAttention(32, 2, 16, max_iter=7, eps=0.7))
+    assert c == {"heads": 2, "head_dim": 16, "scale": 0.25, "eps": 0.7, "T": 7}, c
+    c = asap_torch.teacher_conventions(sm.fixture_text(n_it=8).layers[0].mha)
+    assert c == {"heads": 4, "head_dim": 8, "scale": 8 ** -0.5, "eps": 1.0, "T": 8}, c
+    model = sm.fixture_vit(max_iter=5, eps=0.5)
+    asap_torch.patch_model(model, exact=True, backend=BACKENDS[0])
+    op = asap_torch.patched_layers(model)[VIT[0]]
+    assert (op.T, op.eps, op.scale) == (5, 0.5, 0.25), op
+    assert "exact teacher T=5" in repr(model)
+    # patch only some layers
+    model = sm.fixture_text()
+    asap_torch.patch_model(model, exact=True, layers=[TEXT[1]], backend=BACKENDS[0])
+    assert list(asap_torch.patched_layers(model)) == [TEXT[1]]
+
+
+@test
+def test_exact_patch_refusals():
+    a = artifacts()
+    cases = [
+        (lambda: asap_torch.patch_model(vit_model(), a["vit"], exact=True), "pass artifact=None"),
+        (lambda: asap_torch.patch_model(vit_model(), exact=True, closures=2), "no closures"),
+        (lambda: asap_torch.patch_model(vit_model()), "needs an artifact"),
+        (lambda: asap_torch.patch_model(vit_model(), exact=True, layers=["nope"]),
+         "no module named 'nope'"),
+        (lambda: asap_torch.patch_model(torch.nn.Linear(2, 2), exact=True),
+         "no Sinkformer attention module"),
+    ]
+    m = sm.fixture_vit()
+    for mod in (m.transformer.layers[0][0].fn, m.transformer.layers[1][0].fn):
+        del mod.max_iter
+    cases.append((lambda: asap_torch.patch_model(m, exact=True),
+                  "does not say its Sinkhorn budget T (no max_iter or sink.max_iter attribute)"))
+    for fn, text in cases:
+        try:
+            fn()
+        except ValueError as e:
+            assert text in str(e), "expected %r in: %s" % (text, e)
+        else:
+            raise AssertionError("no error; expected one containing %r" % text)
+    assert asap_torch.patched_layers(m) == {}          # nothing patched on refusal
+
+
+@test
+def test_teacher_op():
+    # torch.ops.asap.teacher (and asap_torch.teacher on each backend) against
+    # the PyTorch loop: sinkformer_models' Sinkhorn and reference.sinkhorn
+    g = torch.Generator().manual_seed(3)
+    B, H, n, d, dv = 3, 2, 11, 8, 5
+    mask = torch.ones(B, n, dtype=torch.bool)
+    mask[1, 7:] = False
+    mask[2, 0] = False
+    mask[2, 3:] = False
+    for dtype in (torch.float32, torch.float64):
+        q, k = (torch.randn(B, H, n, d, generator=g, dtype=dtype) for _ in range(2))
+        v = torch.randn(B, H, n, dv, generator=g, dtype=dtype)
+        for T in (1, 2, 3, 6, 7):
+            for eps in (1.0, 0.6):
+                dots = torch.matmul(q, k.transpose(-1, -2)) * 0.3
+                want_nomask = sm.sinkhorn_attention(dots, eps, T)
+                pad = ~mask[:, None, None, :].expand(B, H, n, n)
+                want_mask = sm.sinkhorn_attention(dots, eps, T, text_mode=True, key_pad=pad)
+                for backend in BACKENDS:
+                    for km, want in ((None, want_nomask), (mask, want_mask)):
+                        tag = "%s T=%d eps=%g %s mask=%s" % (dtype, T, eps, backend, km is not None)
+                        out, A = asap_torch.teacher(q, k, v, km, 0.3, T, eps, return_attention=True,
+                                                    backend=backend)
+                        close(A, want, tag + " attention")
+                        close(out, torch.matmul(want, v), tag + " output")
+                        o2 = asap_torch.teacher(q, k, v, km, 0.3, T, eps, backend=backend)
+                        close(o2, out, tag + " without attention", 0 if backend == "torch" else TOL)
+                    # the other conventions: dropped padded queries, the plan itself
+                    for drop in (False, True):
+                        out, A = asap_torch.teacher(q, k, v, mask, 0.3, T, eps, drop, False, True,
+                                                    backend=backend)
+                        o_ref, A_ref = reference.sinkhorn(q, k, v, mask, 0.3, eps, T, drop, False)
+                        close(A, A_ref, "%s drop=%s plan" % (tag, drop))
+                        close(out, o_ref, "%s drop=%s output" % (tag, drop))
+    if OP:
+        out, A = torch.ops.asap.teacher(q, k, v, None, 0.3, 3)        # defaults: eps 1, n*plan
+        assert A.numel() == 0
+        close(out, reference.teacher(q, k, v, None, 0.3, 3)[0], "op defaults")
+
+        @torch.jit.script
+        def scripted(q, k, v, mask: torch.Tensor, T: int):
+            return torch.ops.asap.teacher(q, k, v, mask, 0.3, T, 1.0, False, True, True)
+        o, a2 = scripted(q, k, v, mask, 4)
+        close(o, asap_torch.teacher(q, k, v, mask, 0.3, 4), "scripted teacher", 0)
+        assert "asap::teacher" in str(scripted.graph)
+
+
+@test
+def test_teacher_op_errors():
+    q = torch.randn(2, 2, 5, 4)
+    cases = [
+        ((q, q, q, None, 0.5, 0), "T (Sinkhorn half-steps) must be >= 1, found 0"),
+        ((q, q, q, None, 0.5, 2, 0.0), "eps must be a finite number > 0, found 0"),
+        ((q, q, q, None, 0.5, 2, float("nan")), "eps must be a finite number > 0"),
+        ((q, q, q, None, -1.0, 2), "scale must be a finite number > 0, found -1"),
+        ((q[0], q[0], q[0], None, 0.5, 2), "q must be [B, H, n, d], found [2, 5, 4]"),
+        ((q, q[:, :, :3], q, None, 0.5, 2), "k must have q's shape [2, 2, 5, 4], found [2, 2, 3, 4]"),
+        ((q, q, q[:, :1], None, 0.5, 2), "v must be [2, 2, 5, dv], found [2, 1, 5, 4]"),
+        ((q.half(), q, q, None, 0.5, 2), "q must be float32 or float64"),
+        ((q, q, q, torch.ones(2, 4, dtype=torch.bool), 0.5, 2), "key-padding mask: expected shape [2, 5]"),
+        ((q, q, q, torch.zeros(2, 5, dtype=torch.bool), 0.5, 2), "every sequence needs at least one token"),
+        ((q, q, q, torch.ones(2, 5), 0.5, 2), "must be bool"),
+    ]
+    for backend in BACKENDS:
+        for args, text in cases:
+            try:
+                asap_torch.teacher(*args, backend=backend)
+            except ValueError as e:
+                assert text in str(e), "%s: expected %r in: %s" % (backend, text, e)
+            else:
+                raise AssertionError("%s: no error; expected one containing %r" % (backend, text))
+    if OP:
+        try:
+            torch.ops.asap.teacher(q, q, q, None, 0.5, 0)
+            raise AssertionError("T = 0 accepted")
+        except ValueError as e:
+            assert str(e).startswith("asap::teacher: T (Sinkhorn half-steps) must be >= 1"), e
+
+
+# --------------------------------------------------------------------------
+# operator kinds in the artifact (format_version 3)
+# --------------------------------------------------------------------------
+
+def kind_artifact(src, name, kinds, version=3):
+    """A copy of the compiled artifact `src` whose layer i is kinds[i]:
+    'asap' (unchanged), 'teacher', or an int T' (a 'sinkhorn' layer),
+    written with h5py as docs/artifact-format.md says."""
+    dst = os.path.join(WORK, name)
+    shutil.copyfile(src, dst)
+    with h5py.File(dst, "r+") as f:
+        f.attrs["format_version"] = np.int64(version)
+        for key, kind in zip(sorted(f["layers"], key=int), kinds):
+            if kind == "asap":
+                continue
+            g = f["layers"][key]
+            g.attrs["operator"] = "teacher" if kind == "teacher" else "sinkhorn"
+            if kind != "teacher":
+                g.attrs["sinkhorn_steps"] = np.int64(kind)
+            # an empty list of fixed-length strings (the format accepts both kinds)
+            g.attrs["features"] = np.array([], dtype="S1")
+            for attr, val in (("slices", 0), ("per_head", 0), ("default_closures", 1)):
+                g.attrs[attr] = np.int64(val)
+            hd = int(g.attrs["head_dim"])
+            del g["theta"], g["coef"]
+            g["theta"] = np.zeros((hd, 0))
+            g["coef"] = np.zeros((1, 0))
+    return dst
+
+
+_kinds = {}
+
+
+def kind_artifacts():
+    """{name: (path, source kind, [kind per layer])}: every kind, alone and mixed."""
+    if _kinds:
+        return _kinds
+    a = artifacts()
+    for name, src, kinds in (("vit_asap", "vit", ["asap", "asap"]),
+                             ("vit_sinkhorn", "vit", [3, 5]),
+                             ("vit_teacher", "vit", ["teacher", "teacher"]),
+                             ("vit_mixed", "vit", [1, "teacher"]),
+                             ("text_sinkhorn", "text", [2, 4]),
+                             ("text_teacher", "text", ["teacher", "teacher"]),
+                             ("text_mixed", "text", [4, "asap"])):
+        _kinds[name] = (kind_artifact(a[src], name + ".asap.h5", kinds), src, kinds)
+    return _kinds
+
+
+def recorded_x(calib_path, layer, count, dtype):
+    with h5py.File(calib_path, "r") as f:
+        g = f["layers"][layer] if "layers" in f else f[layer]
+        return torch.from_numpy(g["x"][:count]).to(dtype)
+
+
+def _project(x, w, p):
+    """Per-head q, k, v of x [B, n, d_model] with the artifact's weights w."""
+    def one(wk, bk, dh):
+        y = x @ w[wk].T + (w[bk] if bk in w else 0)
+        return y.view(x.shape[0], x.shape[1], p.heads, dh).transpose(1, 2)
+    return one("wq", "bq", p.head_dim), one("wk", "bk", p.head_dim), one("wv", "bv", p.value_dim)
+
+
+def _steps(kind, T):
+    return None if kind == "asap" else T if kind == "teacher" else kind
+
+
+@test
+def test_kinds_read_and_info():
+    for name, (path, src, kinds) in kind_artifacts().items():
+        root, params = asap_torch.read_artifact(path)
+        assert root["format_version"] == 3
+        for p, kind in zip(params, kinds):
+            want_op = kind if kind in ("asap", "teacher") else "sinkhorn"
+            assert p.operator == want_op, (name, p.name, p.operator)
+            assert p.sinkhorn_steps == (kind if want_op == "sinkhorn" else 0)
+            if want_op == "sinkhorn":
+                assert p.describe == "sinkhorn T'=%d" % kind and p.lse_passes == kind
+            elif want_op == "teacher":
+                assert p.describe == "teacher T=%d" % p.T and p.lse_passes == p.T
+                assert p.num_columns == 0 and p.coef.shape == (1, 0)
+            for backend in BACKENDS:
+                info = asap_torch.load_artifact(path, backend=backend).info(p.name)
+                got = {k: info[k] for k in ("operator", "sinkhorn_steps", "lse_passes", "describe")}
+                want = {"operator": p.operator, "sinkhorn_steps": p.sinkhorn_steps,
+                        "lse_passes": p.lse_passes, "describe": p.describe}
+                assert got == want, (name, backend, got, want)
+    # an operator kind in an older file is refused by both readers
+    bad = kind_artifact(artifacts()["vit"], "old_version.asap.h5", ["teacher", "asap"], version=2)
+    try:
+        asap_torch.read_artifact(bad)
+        raise AssertionError("operator 'teacher' accepted in format_version 2")
+    except asap_torch.ArtifactError as e:
+        assert "needs format_version 3" in str(e), e
+    if OP:
+        try:
+            torch.ops.asap.load(bad)
+            raise AssertionError("the C++ reader accepted operator 'teacher' in format_version 2")
+        except ValueError as e:
+            assert "needs format_version 3" in str(e), e
+
+
+def _text_mask(B, n):
+    m = torch.ones(B, n, dtype=torch.bool)
+    for b in range(B):
+        m[b, max(1, n - 1 - b):] = False
+    return m
+
+
+@test
+def test_kinds_attend_and_forward():
+    # each layer, each backend: attend / forward equal the teacher's loop with
+    # T' (sinkhorn) or T (teacher) half-steps, or the ASAP operator (asap)
+    a = artifacts()
+    for name, (path, src, kinds) in kind_artifacts().items():
+        arts = {b: asap_torch.load_artifact(path, backend=b) for b in BACKENDS}
+        asap_ref = asap_torch.load_artifact(a[src], backend="torch")
+        for layer, kind in zip(VIT if src == "vit" else TEXT, kinds):
+            p = arts[BACKENDS[0]].layer(layer)
+            for dtype in (torch.float32, torch.float64):
+                q, k, v, rec = projected(path, a[src + "_calib"], layer, count=6, dtype=dtype)
+                masks = [None, rec if rec is not None else _text_mask(q.shape[0], q.shape[2])]
+                x = recorded_x(a[src + "_calib"], layer, 6, dtype)
+                w = {kk: torch.from_numpy(vv).to(dtype) for kk, vv in p.weights.items()}
+                for mask in masks:
+                    tag = "%s %s %s mask=%s" % (name, layer, dtype, mask is not None)
+                    steps = _steps(kind, p.T)
+
+                    def want(q, k, v):
+                        if steps is None:
+                            return reference.attend(asap_ref.layer(layer), q, k, v, mask, None,
+                                                    True)[:2]
+                        return reference.sinkhorn(q, k, v, mask, p.score_scale, p.eps, steps,
+                                                  False, True)
+                    o_want, A_want = want(q, k, v)
+                    # forward: the artifact's projections, the operator, the output projection
+                    ox = want(*_project(x, w, p))[0]
+                    merged = ox.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+                    y_want = merged @ w["wo"].T + (w["bo"] if "bo" in w else 0)
+                    for backend, art in arts.items():
+                        out, A, phi = art.attend(layer, q, k, v, mask, None, True, True)
+                        close(out, o_want, tag + " %s out" % backend)
+                        close(A, A_want, tag + " %s attention" % backend)
+                        assert (phi.numel() == 0) == (steps is not None), tag
+                        close(art.attend(layer, q, k, v, mask), out, tag + " attend()", 0)
+                        close(art.forward(layer, x, mask), y_want, tag + " %s forward" % backend)
+                        if steps is not None:      # no closures to set
+                            try:
+                                art.attend(layer, q, k, v, mask, 2)
+                                raise AssertionError(tag + ": closures accepted")
+                            except ValueError as e:
+                                assert "has no closures to set" in str(e), e
+        print("     %s: %s" % (name, ", ".join(arts[BACKENDS[0]].layer(n).describe
+                                               for n in arts[BACKENDS[0]].layer_names)))
+
+
+def _with_budgets(model, budgets):
+    """The unpatched model with each attention module's T set to budgets[name]."""
+    for name, mod in model.named_modules():
+        if name in budgets:
+            if hasattr(mod, "max_iter"):
+                mod.max_iter = budgets[name]
+            else:
+                mod.n_it = budgets[name]
+    return model
+
+
+@test
+def test_kinds_patch_model():
+    # a patched model with 'sinkhorn' / 'teacher' layers is the teacher model
+    # with those layers' loops cut to T' (or left at T)
+    kinds = kind_artifacts()
+    for name in ("vit_sinkhorn", "vit_teacher", "vit_mixed", "text_sinkhorn", "text_teacher"):
+        path, src, ks = kinds[name]
+        names = VIT if src == "vit" else TEXT
+        make = vit_model if src == "vit" else text_model
+        inputs = (sm.synthetic_images(6, seed=5) if src == "vit" else sm.synthetic_tokens(8, seed=11),)
+        T = 6 if src == "vit" else 5
+        budgets = {n: _steps(k, T) for n, k in zip(names, ks)}
+        with torch.no_grad():
+            y_want, a_want = _outputs(_with_budgets(make(), budgets), inputs)
+            for backend in BACKENDS:
+                for closures in (None, 2):          # an int is for ASAP layers only
+                    model = make()
+                    asap_torch.patch_model(model, path, closures=closures, backend=backend)
+                    mods = asap_torch.patched_layers(model)
+                    assert sorted(mods) == names and all(
+                        m.operator == ("teacher" if k == "teacher" else "sinkhorn") and
+                        m.effective_closures is None for m, k in zip(mods.values(), ks)), mods
+                    y, att = _outputs(model, inputs)
+                    tag = "%s %s closures=%s" % (name, backend, closures)
+                    close(y, y_want, tag + " output")
+                    for i, (u, w) in enumerate(zip(att, a_want)):
+                        close(u, w, tag + " attention %d" % i)
+                    asap_torch.unpatch_model(model)
+                    close(_outputs(model, inputs)[0], _outputs(make(), inputs)[0],
+                          tag + " unpatched", 0)
+        try:
+            asap_torch.patch_model(make(), path, closures={names[0]: 2}, backend=BACKENDS[0])
+            raise AssertionError("closures for a '%s' layer accepted" % ks[0])
+        except ValueError as e:
+            assert "has no closures" in str(e), e
+    # mixed: a 'sinkhorn' layer and an ASAP layer with its own k
+    if OP:
+        path = kinds["text_mixed"][0]
+        model = text_model()
+        tokens = sm.synthetic_tokens(10, seed=11)
+        with torch.no_grad():
+            asap_torch.patch_model(model, path, closures={TEXT[1]: 3}, backend="op")
+            got = model(tokens)[0]
+            assert asap_torch.patched_layers(model)[TEXT[0]].operator == "sinkhorn"
+            close(got, text_by_hand(model, path, tokens, {TEXT[1]: 3}), "text_mixed by hand", 1e-6)
+            pt = text_model()
+            asap_torch.patch_model(pt, path, closures={TEXT[1]: 3}, backend="torch")
+            close(pt(tokens)[0], got, "text_mixed op vs fallback")
+
+
+@test
+def test_bench_exact_table():
+    # tools/bench_pytorch.py --exact on tiny shapes: one row per shape with
+    # the ratios, written between the markers of a copy of the docs page
+    need_op()
+    md = os.path.join(WORK, "python.md")
+    shutil.copyfile(os.path.join(REPO, "docs", "python.md"), md)
+    out = os.path.join(WORK, "exact.json")
+    env = dict(os.environ, ASAP_TORCH_OP=asap_torch.library_path())
+    r = subprocess.run([PYTHON, os.path.join(TOOLS, "bench_pytorch.py"), "--exact", "--threads", "1",
+                        "--reps", "1", "--shapes", "vit:9:2x2:4:3,text:8:2x2:4:2", "--settings",
+                        "default", "--json", out, "--md", md],
+                       capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out) as f:
+        rows = json.load(f)["results"]
+    assert [(x["setting"], x["kind"], x["n"], x["T"]) for x in rows] == \
+        [("default", "vit", 9, 3), ("default", "text", 8, 2)]
+    assert all(x["max_abs_diff"] <= 1e-5 for x in rows), rows
+    with open(md) as f:
+        doc = f.read()
+    table = doc.split("<!-- exact:begin -->")[1].split("<!-- exact:end -->")[0]
+    assert "| default | ViT n=9, B=2, H=2, d=4, T=3 |" in table and "text n=8" in table, table
+    assert "tools/bench.sh --exact --threads 1 --reps 1 --shapes" in table, table
+    assert "`OMP_WAIT_POLICY` unset" in table, table
+    assert table.count("×") == 6, table
 
 
 def main(argv):

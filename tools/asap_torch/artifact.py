@@ -1,9 +1,16 @@
 """Reading an asapc artifact (docs/artifact-format.md) with h5py.
 
 The pure-PyTorch operator (reference.py) needs the teacher conventions, the
-slice bank, the feature family and the coefficients of each compiled layer;
-the custom operator reads the same file itself in C++. Checks here are the
-ones the Python side relies on; the C++ reader validates everything.
+operator kind, the slice bank, the feature family and the coefficients of
+each compiled layer; the custom operator reads the same file itself in C++.
+Checks here are the ones the Python side relies on; the C++ reader validates
+everything.
+
+Operator kinds (format_version 3, layer attribute ``operator``): "asap" (a
+predicted dual and closures; also when the attribute is absent), "sinkhorn"
+(the teacher's loop cut to ``sinkhorn_steps`` = T' < T half-steps) and
+"teacher" (the exact loop, T half-steps). The last two have no feature
+columns.
 """
 import json
 import os
@@ -11,7 +18,8 @@ import os
 import numpy as np
 
 FORMAT = "asapc-artifact"
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+OPERATOR_KINDS = ("asap", "sinkhorn", "teacher")
 FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3")
 
 
@@ -30,7 +38,9 @@ def _s(v):
 class LayerParams:
     """One compiled layer: conventions, feature family and coefficients.
 
-    Attributes: name, heads, head_dim, value_dim, d_model, score_scale, eps,
+    Attributes: name, operator ('asap' | 'sinkhorn' | 'teacher'),
+    sinkhorn_steps (T' for 'sinkhorn', else 0), heads, head_dim, value_dim,
+    d_model, score_scale, eps,
     T, mask ('keep_queries' | 'drop_queries'), multiply_by_n, slices, alpha,
     softmax_dual, sinkhorn_dual3 (the feature family), per_head,
     default_closures, theta (float64 numpy [head_dim, S]), coef (float64
@@ -60,10 +70,44 @@ class LayerParams:
     def feature_passes(self):
         return 3 if self.sinkhorn_dual3 else 1 if self.softmax_dual else 0
 
+    @property
+    def is_asap(self):
+        return self.operator == "asap"
+
+    @property
+    def loop_steps(self):
+        """Half-steps of the teacher's loop a 'sinkhorn' (T') or 'teacher' (T)
+        layer runs; None for an ASAP map."""
+        return {"sinkhorn": self.sinkhorn_steps, "teacher": self.T}.get(self.operator)
+
+    @property
+    def lse_passes(self):
+        """Log-sum-exp half-steps per call: T', T, or the features' passes
+        plus the default closures (CompiledLayer::lse_passes)."""
+        return self.loop_steps or self.feature_passes + self.default_closures
+
+    @property
+    def describe(self):
+        """As CompiledLayer::describe(): 'asap L16+alpha+softmax/head k=1',
+        "sinkhorn T'=4", 'teacher T=6'."""
+        if self.operator == "sinkhorn":
+            return "sinkhorn T'=%d" % self.sinkhorn_steps
+        if self.operator == "teacher":
+            return "teacher T=%d" % self.T
+        return "asap %s%s k=%d" % (self.family_name, "/head" if self.per_head else "/pooled",
+                                   self.default_closures)
+
     def __repr__(self):
-        return ("LayerParams(%r, heads=%d, head_dim=%d, T=%d, family=%s%s, k=%d)"
-                % (self.name, self.heads, self.head_dim, self.T, self.family_name,
-                   "/per-head" if self.per_head else "/pooled", self.default_closures))
+        return "LayerParams(%r, heads=%d, head_dim=%d, T=%d, %s)" % (
+            self.name, self.heads, self.head_dim, self.T, self.describe)
+
+
+def _string_list(v):
+    """An attribute holding a list of strings; h5py gives an empty array (or
+    h5py.Empty for a null dataspace) for an empty list."""
+    if v is None or type(v).__name__ == "Empty":
+        return []
+    return [_s(x) for x in np.atleast_1d(v)]
 
 
 def read_artifact(path):
@@ -94,11 +138,24 @@ def read_artifact(path):
             where = "artifact '%s' layer group %s" % (path, key)
             a = g.attrs
             try:
-                feats = [_s(x) for x in np.atleast_1d(a["features"])]
+                feats = _string_list(a["features"])
                 unknown = [x for x in feats if x not in FEATURE_GROUPS]
                 if unknown:
                     raise ArtifactError("%s: unknown feature group(s) %s" % (where, unknown))
                 slices = int(a["slices"])
+                op = _s(a["operator"]) if "operator" in a else "asap"
+                if op not in OPERATOR_KINDS:
+                    raise ArtifactError("%s: attribute 'operator' is %r, expected 'asap', "
+                                        "'sinkhorn' or 'teacher'" % (where, op))
+                if op != "asap" and version < 3:
+                    raise ArtifactError("%s: operator '%s' needs format_version 3, but the file "
+                                        "says %d" % (where, op, version))
+                steps = 0
+                if op == "sinkhorn":
+                    if "sinkhorn_steps" not in a:
+                        raise ArtifactError("%s: a 'sinkhorn' operator needs the attribute "
+                                            "'sinkhorn_steps' (T'), which is missing" % where)
+                    steps = int(a["sinkhorn_steps"])
                 theta = np.asarray(g["theta"][()], dtype=np.float64)
                 coef = np.asarray(g["coef"][()], dtype=np.float64)
                 fit = {}
@@ -111,7 +168,7 @@ def read_artifact(path):
                 if "weights" in g:
                     weights = {k: np.asarray(g["weights"][k][()]) for k in g["weights"]}
                 p = LayerParams(
-                    name=_s(a["name"]), layout=_s(a["layout"]), heads=int(a["heads"]),
+                    name=_s(a["name"]), operator=op, sinkhorn_steps=steps, layout=_s(a["layout"]), heads=int(a["heads"]),
                     head_dim=int(a["head_dim"]), value_dim=int(a["value_dim"]),
                     d_model=int(a["d_model"]), score_scale=float(a["score_scale"]),
                     eps=float(a["eps"]), T=int(a["T"]), mask=_s(a["mask"]),
@@ -123,6 +180,15 @@ def read_artifact(path):
                     weights=weights, fit=fit)
             except KeyError as e:
                 raise ArtifactError("%s: missing field %s" % (where, e))
+            if op == "sinkhorn" and not 1 <= steps < p.T:
+                raise ArtifactError("%s ('%s'): attribute 'sinkhorn_steps' (T') must be in "
+                                    "1..T-1 = 1..%d, found %d" % (where, p.name, p.T - 1, steps))
+            if op == "asap" and p.num_columns == 0:
+                raise ArtifactError("%s ('%s'): the feature family has no columns"
+                                    % (where, p.name))
+            if op != "asap" and p.num_columns != 0:
+                raise ArtifactError("%s ('%s'): a '%s' operator has no feature columns, found "
+                                    "the family %s" % (where, p.name, op, p.family_name))
             if theta.ndim != 2 or theta.shape[0] != p.head_dim or theta.shape[1] < slices:
                 raise ArtifactError("%s ('%s'): theta has shape %s, expected [%d, >= %d]"
                                     % (where, p.name, theta.shape, p.head_dim, slices))

@@ -3,7 +3,10 @@
 This mirrors the C++ reference path (src/lib/math/{teacher,features,
 operator}.cpp) operation by operation, so that it agrees with the custom
 operator to rounding. asap_torch uses it only when libasap_torch_op.so is
-not available (or when asked with backend="torch").
+not available (or when asked with backend="torch"): for ASAP layers
+(attend), for the 'sinkhorn' and 'teacher' layer kinds (attend, the loop
+with T' or T half-steps) and for the exact teacher without an artifact
+(teacher, as torch.ops.asap.teacher).
 
 Tensors: q, k [B, H, n, d], v [B, H, n, dv]; key_mask [B, n] bool (True =
 token) or None; duals [B, H, n].
@@ -184,12 +187,7 @@ def predict_phi(Psi, coef):
     return (Psi * c.unsqueeze(1)).sum(-1)
 
 
-def attend(p, q, k, v, key_mask=None, closures=None, return_attention=False):
-    """The compiled operator of layer p (LayerParams): features, prediction,
-    k closures col, row, col, ... (default: p.default_closures).
-
-    Returns (out [B, H, n, dv], attention or None, phi_hat [B, H, n]).
-    """
+def _check_layer_inputs(p, q, k, v):
     if q.dim() != 4 or q.shape[1] != p.heads or q.shape[3] != p.head_dim:
         raise ValueError("layer '%s': q must be [B, %d, n, %d], found %s"
                          % (p.name, p.heads, p.head_dim, list(q.shape)))
@@ -202,6 +200,26 @@ def attend(p, q, k, v, key_mask=None, closures=None, return_attention=False):
     if q.dtype not in (torch.float32, torch.float64):
         raise ValueError("layer '%s': q, k, v must be float32 or float64, found %s"
                          % (p.name, q.dtype))
+
+
+def attend(p, q, k, v, key_mask=None, closures=None, return_attention=False):
+    """The compiled operator of layer p (LayerParams).
+
+    ASAP layers: features, prediction, k closures col, row, col, ...
+    (default: p.default_closures). 'sinkhorn' and 'teacher' layers: the
+    teacher's loop with T' or T half-steps (closures must be None or 0).
+
+    Returns (out [B, H, n, dv], attention or None, phi_hat [B, H, n]; an
+    empty tensor for the loop kinds, which predict no dual).
+    """
+    _check_layer_inputs(p, q, k, v)
+    if not p.is_asap:
+        if closures:
+            raise ValueError("layer '%s' runs %s, which has no closures to set: pass closures = 0"
+                             % (p.name, p.describe))
+        out, A = sinkhorn(q, k.to(q.dtype), v, key_mask, p.score_scale, p.eps, p.loop_steps,
+                          p.drop_queries, p.multiply_by_n)
+        return out, (A if return_attention else None), q.new_zeros((0,))
     k_closures = int(closures) if closures else p.default_closures
     if k_closures < 1:
         raise ValueError("number of closures must be at least 1, found %d" % k_closures)
@@ -221,3 +239,38 @@ def attend(p, q, k, v, key_mask=None, closures=None, return_attention=False):
     A = plan_attention(S, f, g, p.eps, p.multiply_by_n)
     out = torch.matmul(A, v.to(q.dtype))
     return out, (A if return_attention else None), phi_hat
+
+
+def check_teacher_args(q, k, v, scale, T, eps):
+    """The argument checks of torch.ops.asap.teacher, with its sentences."""
+    if not (isinstance(T, int) and 1 <= T <= 1000000000):
+        raise ValueError("asap::teacher: T (Sinkhorn half-steps) must be >= 1, found %s" % (T,))
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError("asap::teacher: eps must be a finite number > 0, found %s" % (eps,))
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError("asap::teacher: scale must be a finite number > 0, found %s" % (scale,))
+    if q.dim() != 4:
+        raise ValueError("asap::teacher: q must be [B, H, n, d], found %s" % list(q.shape))
+    if q.dtype not in (torch.float32, torch.float64):
+        raise ValueError("asap::teacher: q must be float32 or float64, found %s" % q.dtype)
+    if k.shape != q.shape:
+        raise ValueError("asap::teacher: k must have q's shape %s, found %s"
+                         % (list(q.shape), list(k.shape)))
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError("asap::teacher: v must be [%d, %d, %d, dv], found %s"
+                         % (q.shape[0], q.shape[1], q.shape[2], list(v.shape)))
+    if not (k.is_floating_point() and v.is_floating_point()):
+        raise ValueError("asap::teacher: k and v must be floating point, found %s and %s"
+                         % (k.dtype, v.dtype))
+
+
+def teacher(q, k, v, key_mask=None, scale=None, T=1, eps=1.0, drop_padded_queries=False,
+            multiply_by_n=True, return_attention=False):
+    """torch.ops.asap.teacher in plain PyTorch: (out [B, H, n, dv], attention
+    [B, H, n, n], or an empty tensor unless return_attention)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    check_teacher_args(q, k, v, scale, T, float(eps))
+    with torch.no_grad():
+        out, A = sinkhorn(q, k.to(q.dtype), v, key_mask, scale, float(eps), T,
+                          drop_padded_queries, multiply_by_n)
+    return out, (A if return_attention else q.new_zeros((0,)))

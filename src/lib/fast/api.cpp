@@ -202,7 +202,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   at::Tensor O = full ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
   at::Tensor A;
   if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
-  at::Tensor phi = at::zeros({B, H, n}, opts);
+  at::Tensor phi = full ? at::empty({B, H, n}, opts) : at::zeros({B, H, n}, opts);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
@@ -249,7 +249,9 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t P = fam.num_columns();
   const std::vector<T> bank = fam.slices > 0 ? scaled_bank<T>(theta, fam.slices, scale) : std::vector<T>();
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
-  at::Tensor Psi = at::zeros({B, H, n, P}, q.options());
+  // Without a mask every row carries mass and is written below; zeroing a
+  // large Psi would start a parallel region of its own (about 60 us at n = 50).
+  at::Tensor Psi = mask.defined() ? at::zeros({B, H, n, P}, q.options()) : at::empty({B, H, n, P}, q.options());
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   T* out = Psi.data_ptr<T>();
