@@ -254,8 +254,10 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
         T* s = S + r0 * ldS_ + c0;
         kt_.col_exp(r1 - r0, c1 - c0, s, ldS_, f + r0, cmax + c0, csum + c0, s, ldS_);
       }
+      for (int64_t j = c0; j < c1; ++j) g[j] = T(0);
+      kt_.add_log(csum + c0, g + c0, c1 - c0);
       for (int64_t j = c0; j < c1; ++j) {
-        g[j] = log_b_ - cmax[j] - std::log(csum[j]);
+        g[j] = log_b_ - cmax[j] - g[j];
         cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
         if (vs)
           for (int64_t c = 0; c < dvp_; ++c) vs[j * dvp_ + c] = vp[j * dvp_ + c] * cs[j];
@@ -277,7 +279,9 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
       const T* t = tile(r0, r1, c0, c1, tid, &ld);
       kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, f + r0, cmax + c0, csum + c0);
     }
-    for (int64_t j = c0; j < c1; ++j) g[j] = log_b_ - cmax[j] - std::log(csum[j]);
+    for (int64_t j = c0; j < c1; ++j) g[j] = T(0);
+    kt_.add_log(csum + c0, g + c0, c1 - c0);
+    for (int64_t j = c0; j < c1; ++j) g[j] = log_b_ - cmax[j] - g[j];
   });
   if (!final) return;
   // Recomputed tiles: a plan pass with both duals.

@@ -50,6 +50,8 @@ struct KernelTable {
   void (*plan)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cadd, T* E, int64_t lde);
   // y[i] = exp(x[i]) with the kernels' own exponential (for tests).
   void (*vexp)(int64_t n, const T* x, T* y);
+  // out[i] += log(z[i]) for z[i] >= 1 (row and column sums), vectorised in float32.
+  void (*add_log)(const T* z, T* out, int64_t count);
 };
 
 struct Kernels {
