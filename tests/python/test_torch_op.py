@@ -986,6 +986,38 @@ def test_kinds_patch_model():
 
 
 @test
+def test_compiled_sinkhorn_artifact_runs_everywhere():
+    # asapc compile itself stores plain Sinkhorn when no ASAP map is fast
+    # enough (latencies from a table, so no timing enters the test); the op,
+    # the fallback and patch_model then run each layer's T' loop.
+    a = artifacts()
+    table = os.path.join(WORK, "latency.json")
+    lat = {"teacher": 6.0}
+    lat.update({"sinkhorn-%d" % t: float(t) for t in range(1, 6)})
+    lat.update({"asap-alpha-k%d" % k: 100.0 for k in range(1, 6)})
+    with open(table, "w") as fh:
+        json.dump({"*": lat}, fh)
+    path = os.path.join(WORK, "vit_compiled_sinkhorn.asap.h5")
+    r = run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
+             os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", path,
+             "--no-report", "--threads", "1", "--features", "alpha", "--heads-mode", "pooled",
+             "--latency-table", table])
+    assert "plain Sinkhorn beats every ASAP map" in r.stdout or "no ASAP map runs" in r.stdout, r.stdout
+    art = asap_torch.load_artifact(path, backend=BACKENDS[0])
+    steps = {n: art.layer(n).sinkhorn_steps for n in art.layer_names}
+    assert all(art.layer(n).operator == "sinkhorn" and 1 <= steps[n] <= 4 for n in steps), steps
+    inputs = (sm.synthetic_images(6, seed=7),)
+    with torch.no_grad():
+        y_want, a_want = _outputs(_with_budgets(vit_model(), steps), inputs)
+        for backend in BACKENDS:
+            model = vit_model()
+            asap_torch.patch_model(model, path, backend=backend)
+            y, att = _outputs(model, inputs)
+            close(y, y_want, "compiled sinkhorn %s output" % backend)
+            for i, (u, w) in enumerate(zip(att, a_want)):
+                close(u, w, "compiled sinkhorn %s attention %d" % (backend, i))
+
+
 def test_bench_exact_table():
     # tools/bench_pytorch.py --exact on tiny shapes: one row per shape with
     # the ratios, written between the markers of a copy of the docs page

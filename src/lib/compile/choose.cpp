@@ -49,12 +49,13 @@ class Timer {
     }
     for (size_t j = 1; j < ops.size(); ++j) c_[static_cast<size_t>(which[j - 1])].latency = lat[j] / lat[0] * t0_;
   }
-  // Times i again against the teacher; its latency becomes the mean of the
-  // two relative measurements. Guards a choice against one lucky timing.
+  // Times i again against the teacher; its latency becomes the slower of
+  // the two relative measurements, so that a winner meets the target twice
+  // (a choice right at the target otherwise fails it in half the reruns).
   void confirm(int i) {
     const double first = c_[static_cast<size_t>(i)].latency;
     time({i});
-    c_[static_cast<size_t>(i)].latency = 0.5 * (first + c_[static_cast<size_t>(i)].latency);
+    c_[static_cast<size_t>(i)].latency = std::max(first, c_[static_cast<size_t>(i)].latency);
   }
   double t0() const { return t0_; }
   int calls() const { return calls_; }
