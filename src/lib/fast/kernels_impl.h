@@ -42,24 +42,7 @@ struct Vec<double> {
   static constexpr int W = ASAP_VBYTES / 8;
 };
 
-template <class To, class From>
-inline To bits_as(const From& f) {
-  static_assert(sizeof(To) == sizeof(From), "bit cast between different sizes");
-  To t;
-  __builtin_memcpy(&t, &f, sizeof(To));
-  return t;
-}
-
-template <class V, class T>
-inline V load(const T* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V, class T>
-inline void store(T* p, const V& v) {
-  __builtin_memcpy(p, &v, sizeof(V));
-}
+#include "fast/simd_prelude.h"  // bits_as, load, store for this copy
 template <class V, class T>
 inline V splat(T x) {
   return V{} + x;

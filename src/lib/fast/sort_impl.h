@@ -39,23 +39,7 @@ constexpr int NV32 = LB / W32;  // vectors of 32-bit elements per row of a lane 
 constexpr int NV64 = LB / W64;  // vectors of 64-bit elements per row
 static_assert(LB % W32 == 0, "lane block must fill whole vectors");
 
-template <class To, class From>
-inline To bits_as(const From& f) {
-  static_assert(sizeof(To) == sizeof(From), "bit cast between different sizes");
-  To t;
-  __builtin_memcpy(&t, &f, sizeof(To));
-  return t;
-}
-template <class V, class T>
-inline V load(const T* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V, class T>
-inline void store(T* p, const V& v) {
-  __builtin_memcpy(p, &v, sizeof(V));
-}
+#include "fast/simd_prelude.h"  // bits_as, load, store for this copy
 template <class V>
 inline V vmin(V a, V b) {
   return a < b ? a : b;
