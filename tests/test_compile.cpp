@@ -436,6 +436,11 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(out.find("--features takes slices") != std::string::npos);
   CHECK(run_cmd(base + " --latency-table " + dir / "none.json", &out) == 2);
   CHECK(out.find("cannot be opened") != std::string::npos);
+  // Lists take commas as well as spaces (issue 16, item 2); a slice list of
+  // only 0 leaves the paper's map without columns, which is skipped (item 1).
+  CHECK(run_cmd(base + " --slice-counts 0,1 --features slices,alpha --ridge-grid 0,1e-3 --no-report", &out) == 0);
+  CHECK(run_cmd(base + " --slice-counts 0 --no-report", &out) == 0);
+  std::filesystem::remove(dir / "a.h5");
   CHECK(run_cmd(base + " --selection-examples -1", &out) == 2);
   CHECK(out.find("--selection-examples must be at least 0 (0 = all), found -1") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "a.h5"));

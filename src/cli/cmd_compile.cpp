@@ -119,18 +119,20 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--calib", a->calib, "calibration HDF5 (docs/calibration-format.md)")->required();
   c->add_option("-o,--output", a->out, "artifact to write (HDF5)")->required();
   auto& o = a->opt;
-  c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)");
+  c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)")->delimiter(',');
   c->add_option("--fit", o.fit, "coefficient fit: ls (ridge least squares) or kl (convex forward KL)")
       ->capture_default_str();
   c->add_option("--slices", o.slice_bank, "slice bank size per layer")->capture_default_str();
-  c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried (default 0,1,2,4,8,... up to --slices)");
+  c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried, a,b,... or a b ... (default 0,1,2,4,8,... up to --slices)")
+      ->delimiter(',');
   c->add_option("--fixed-slices", o.fixed_slices, "use exactly this many slices (no selection)");
   c->add_option("--features", a->features,
-                "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the four slices+... families, slice prefixes from 0)");
+                "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the four slices+... families, slice prefixes from 0)")
+      ->delimiter(',');
   c->add_option("--heads-mode", a->heads, "coefficients pooled, per-head, or auto (both candidates)")
       ->capture_default_str();
   c->add_option("--ridge", o.ridge, "fixed LS ridge (default: chosen on held-out data)");
-  c->add_option("--ridge-grid", o.ridge_grid, "LS ridge candidates (default 0, 1e-8 ... 1)");
+  c->add_option("--ridge-grid", o.ridge_grid, "LS ridge candidates (default 0, 1e-8 ... 1)")->delimiter(',');
   c->add_option("--kl-ridge", o.kl_ridge, "fixed KL ridge (default: chosen on held-out KL)");
   c->add_option("--kl-iters", o.kl_max_iters, "maximum Newton iterations of the KL fit")->capture_default_str();
   c->add_option("--kl-cache-mb", o.kl_cache_mb, "memory budget for caching KL features (MB)")->capture_default_str();

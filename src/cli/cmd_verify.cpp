@@ -58,7 +58,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   c->add_option("--split", a->split,
                 "which examples of --data: all, or heldout / train = the split compile used on this file")
       ->capture_default_str();
-  c->add_option("--layers", a->opt.layers, "verify only these layers");
+  c->add_option("--layers", a->opt.layers, "verify only these layers")->delimiter(',');
   c->add_option("--max-closures", a->opt.max_closures, "ASAP evaluated with k = 1..N closures")->capture_default_str();
   c->add_option("--batch-size", a->opt.batch_size, "examples per batch (also the timed batch)")->capture_default_str();
   c->add_option("--max-examples", a->opt.max_examples, "use only the first N examples");
