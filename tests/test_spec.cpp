@@ -153,6 +153,9 @@ TEST_CASE("spec: JSON errors name the field, and round trip preserves everything
   base["layers"][0]["T"] = "six";
   CHECK(spec_error(base.dump()) == "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be an "
                                    "integer >= 1, found \"six\"");
+  base["layers"][0]["T"] = 2147483647;  // issue 16, item 3: compile would run with no end
+  CHECK(spec_error(base.dump()) == "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be at "
+                                   "most 10000 Sinkhorn half-steps, found 2147483647");
   base["layers"][0].erase("T");
   CHECK(spec_error(base.dump()) ==
         "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') is missing field 'T'");

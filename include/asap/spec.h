@@ -61,6 +61,8 @@ struct TeacherSpec {
 
 constexpr const char* kSpecFormat = "asapc-teacher-spec";
 constexpr int kSpecVersion = 1;
+// Largest Sinkhorn budget T a teacher spec may declare (issue 16, item 3).
+constexpr int64_t kMaxSinkhornSteps = 10000;
 
 // JSON round trip; from_json validates every field and names it in errors.
 void to_json(nlohmann::json& j, const TeacherSpec& spec);

@@ -166,7 +166,12 @@ TeacherSpec spec_from_json(const json& j, const std::string& source) {
     l.value_dim = o.contains("value_dim") ? r.integer(o, "value_dim", 1) : l.head_dim;
     l.score_scale = r.number(o, "score_scale", true);
     l.eps = r.number(o, "eps", true);
-    l.T = static_cast<int>(r.integer(o, "T", 1));
+    const int64_t T = r.integer(o, "T", 1);
+    // A finite Sinkhorn budget of more than 10000 half-steps is no trained
+    // Sinkformer (the official code uses 1-10); compile would run for days.
+    ASAP_CHECK(T <= kMaxSinkhornSteps, "teacher spec '", source, "': ", r.where, " field 'T' must be at most ",
+               kMaxSinkhornSteps, " Sinkhorn half-steps, found ", T);
+    l.T = static_cast<int>(T);
     const std::string mask = o.contains("mask") ? r.string(o, "mask") : "keep_queries";
     ASAP_CHECK(mask == "keep_queries" || mask == "drop_queries", "teacher spec '", source, "': ", r.where,
                " field 'mask' must be \"keep_queries\" or \"drop_queries\", found \"", mask, "\"");
