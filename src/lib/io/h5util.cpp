@@ -1,5 +1,6 @@
 // io/h5util.cpp -- HDF5 C++ API helpers; see h5util.h.
 #include "io/h5util.h"
+#include "util/atomic_file.h"
 
 #include <ATen/ops/empty.h>
 
@@ -254,6 +255,7 @@ void write_atomically(const std::string& path, const Where& w,
       fill(f);
       guarded(w, "closing the file", [&] { f.close(); });
     }
+    test_kill_before_rename();
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       throw Error(asap::str(w.file, ": cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno)));
   } catch (...) {

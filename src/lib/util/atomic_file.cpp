@@ -1,7 +1,9 @@
 #include "util/atomic_file.h"
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -9,6 +11,10 @@
 #include "asap/error.h"
 
 namespace asap {
+
+void test_kill_before_rename() {
+  if (const char* k = std::getenv("ASAP_TEST_KILL_BEFORE_RENAME"); k && *k == '1') std::raise(SIGKILL);
+}
 
 std::string temp_path_for(const std::string& path) {
   static thread_local std::mt19937_64 gen{std::random_device{}()};
@@ -26,6 +32,7 @@ void write_atomically(const std::string& path, const std::function<void(const st
     std::remove(tmp.c_str());
     throw;
   }
+  test_kill_before_rename();
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
