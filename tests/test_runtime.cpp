@@ -92,8 +92,35 @@ TEST_CASE("runtime: wrong shapes, dtypes and layer names are refused with one se
                        asap::Error);
   CHECK_THROWS_WITH_AS(model.attend("golden", at::randn({1, 2, 8, 4}), q, q),
                        doctest::Contains("layer 'golden': q must be [B, 1, n, 4], found [1, 2, 8, 4]"), asap::Error);
-  CHECK_THROWS_WITH_AS(model.attend("golden", q.to(at::kHalf), q.to(at::kHalf), q.to(at::kHalf)),
+  CHECK_THROWS_WITH_AS(model.attend("golden", q.to(at::kInt), q.to(at::kInt), q.to(at::kInt)),
                        doctest::Contains("must be float32 or float64"), asap::Error);
   CHECK_THROWS_WITH_AS(model.forward("golden", at::randn({1, 8, 4})),
                        doctest::Contains("carries no projection weights"), asap::Error);
+}
+
+TEST_CASE("runtime: float16 and bfloat16 inputs run in float32 and come back in their dtype") {
+  auto j = load_json("operator.json");
+  asap::Artifact art;
+  art.layers.push_back(golden_layer(j["cases"][0]));
+  const asap::CompiledModel model(art, "x.h5");
+  at::manual_seed(9);
+  auto q = at::randn({2, 1, 8, 4}), k = at::randn({2, 1, 8, 4}), v = at::randn({2, 1, 8, 4});
+  for (auto dt : {at::kHalf, at::kBFloat16}) {
+    const std::string dtype = c10::toString(dt);
+    CAPTURE(dtype);
+    auto qh = q.to(dt), kh = k.to(dt), vh = v.to(dt);
+    asap::RunOptions ro;
+    ro.return_attention = true;
+    auto r = model.attend("golden", qh, kh, vh, at::Tensor(), ro);
+    CHECK((r.out.scalar_type() == dt));
+    CHECK((r.attention.scalar_type() == dt));
+    auto want = model.attend("golden", qh.to(at::kFloat), kh.to(at::kFloat), vh.to(at::kFloat), at::Tensor(), ro);
+    CHECK(at::equal(r.out, want.out.to(dt)));
+    const auto& L = art.layers[0];
+    auto t = asap::run_teacher(qh, kh, vh, at::Tensor(), L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);
+    CHECK((t.O.scalar_type() == dt));
+    auto tw = asap::run_teacher(qh.to(at::kFloat), kh.to(at::kFloat), vh.to(at::kFloat), at::Tensor(),
+                                L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);
+    CHECK(at::equal(t.O, tw.O.to(dt)));
+  }
 }

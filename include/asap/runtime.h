@@ -4,7 +4,8 @@
 //   auto out = model->attend("transformer.layers.0.0.fn", q, k, v, key_mask);
 //
 // q, k [B, H, n, d], v [B, H, n, dv], key_mask [B, n] bool (true = token)
-// or undefined; float32 or float64 on any device LibTorch supports. A loaded
+// or undefined; float32 or float64 on any device LibTorch supports (float16
+// and bfloat16 are computed in float32 and returned in their dtype). A loaded
 // model is immutable and every method is const: calls are thread-safe.
 #pragma once
 #include <ATen/core/Tensor.h>

@@ -78,6 +78,13 @@ LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, con
 
 LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& key_mask, const RunOptions& opt) {
+  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
+    // Half precision in, half precision out: computed in float32 (issue 16, item 7).
+    auto r = run_layer(L, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), key_mask, opt);
+    for (at::Tensor* t : {&r.out, &r.attention, &r.phi_hat})
+      if (t->defined()) *t = t->to(q.scalar_type());
+    return r;
+  }
   if (L.kind != OperatorKind::kAsap) return run_loop_kind(L, q, k, v, key_mask, opt, run_teacher);
   return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // hands other devices to the reference
 }
