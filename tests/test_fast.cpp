@@ -503,9 +503,13 @@ TEST_CASE("fast: the public entry points run the fast path on CPU and the refere
   CHECK(at::equal(lpub.out, lfst.out));
   CHECK_REL(lpub.out, lref.out, 1e-5);
   CHECK_REL(lpub.attention, lref.attention, 1e-5);
-  // Dtypes the fast path does not handle go to the reference (and its error).
+  // Dtypes the fast path does not handle go to the reference (and its
+  // error); half precision is widened to float32 above both.
   CHECK_FALSE(asap::fast::handles(q.to(at::kHalf)));
-  CHECK_THROWS_AS(asap::run_layer(L, q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, o), asap::Error);
+  CHECK_THROWS_AS(asap::run_layer(L, q.to(at::kInt), k.to(at::kInt), v.to(at::kInt), mask, o), asap::Error);
+  CHECK(at::equal(asap::run_layer(L, q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, o).out,
+                  asap::run_layer(L, q.to(at::kHalf).to(at::kFloat), k.to(at::kHalf).to(at::kFloat),
+                                  v.to(at::kHalf).to(at::kFloat), mask, o).out.to(at::kHalf)));
 }
 
 TEST_CASE("fast: ESP hard-sort attention matches a direct implementation") {

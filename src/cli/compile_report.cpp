@@ -76,7 +76,7 @@ void print_report_lines(const nlohmann::json& r, std::ostream& os) {
     std::snprintf(line, sizeof line, "  %s: %s%d attn err %.4f", l["name"].get<std::string>().c_str(), label.c_str(),
                   (*def)["steps"].get<int>(), err(def));
     os << line;
-    if (asap0 && asap0 != def) {
+    if (asap0) {
       std::snprintf(line, sizeof line, " | ASAP-0 %.4f", err(asap0));
       os << line;
     }
