@@ -21,30 +21,11 @@
 #include "fast/sort.h"
 #include "test_util.h"
 
+using asap_test::rel_err;
+using asap_test::tol_of;
+
 namespace {
 
-// max |a - b| / max(1, max |b|), equal infinities counting as equal.
-double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  REQUIRE(a.defined());
-  REQUIRE(b.defined());
-  auto x = a.to(at::kDouble).contiguous(), y = b.to(at::kDouble).contiguous();
-  REQUIRE(x.sizes() == y.sizes());
-  auto both_inf = at::isinf(x) & at::isinf(y) & (x.sign() == y.sign());
-  auto d = (x - y).abs().masked_fill(both_inf, 0.0);
-  if (!d.numel()) return 0.0;
-  auto finite = y.masked_fill(at::isinf(y), 0.0).abs();
-  const double scale = std::max(1.0, finite.max().item<double>());
-  const double e = d.max().item<double>() / scale;
-  return std::isnan(e) ? 1e300 : e;
-}
-
-double tol_of(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 1e-10; }
-
-#define CHECK_REL(a, b, tol)                                                     \
-  do {                                                                           \
-    const double fast_err_ = rel_err((a), (b));                                  \
-    CHECK_MESSAGE(fast_err_ <= (tol), "relative error " << fast_err_ << " > " << (tol)); \
-  } while (0)
 
 at::Tensor make_mask(int64_t B, int64_t n, int seed) {
   auto m = at::ones({B, n}, at::kBool);

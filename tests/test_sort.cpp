@@ -24,6 +24,9 @@
 #include "fast/sort_network.h"
 #include "test_util.h"
 
+using asap_test::rel_err;
+using asap_test::tol_of;
+
 namespace {
 
 namespace fd = asap::fast::detail;
@@ -41,25 +44,6 @@ struct Threads {
   int old_;
 };
 
-// max |a - b| / max(1, max |b|).
-double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  REQUIRE(a.defined());
-  REQUIRE(b.defined());
-  auto x = a.to(at::kDouble).contiguous(), y = b.to(at::kDouble).contiguous();
-  REQUIRE(x.sizes() == y.sizes());
-  auto both_inf = at::isinf(x) & at::isinf(y) & (x.sign() == y.sign());
-  auto d = (x - y).abs().masked_fill(both_inf, 0.0);
-  if (!d.numel()) return 0.0;
-  const double scale = std::max(1.0, y.masked_fill(at::isinf(y), 0.0).abs().max().item<double>());
-  const double e = d.max().item<double>() / scale;
-  return std::isnan(e) ? 1e300 : e;
-}
-double tol_of(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 1e-10; }
-#define CHECK_CLOSE(a, b, tol)                                                        \
-  do {                                                                                \
-    const double err_ = rel_err((a), (b));                                            \
-    CHECK_MESSAGE(err_ <= (tol), "relative error " << err_ << " > " << (tol));      \
-  } while (0)
 
 struct Config {
   std::string name;
@@ -272,8 +256,8 @@ TEST_CASE("sort network: features equal the scalar sorts and the reference (dtyp
                 ForcePath f(fd::SortPath::kScalar);
                 scal = asap::fast::build_features(q, k, mask, drop, theta, fam, scale, eps, cfg.tuning);
               }
-              CHECK_CLOSE(net, ref, tol_of(dtype));
-              CHECK_CLOSE(net, scal, tol_of(dtype));
+              CHECK_REL(net, ref, tol_of(dtype));
+              CHECK_REL(net, scal, tol_of(dtype));
             }
           }
         }
@@ -321,8 +305,8 @@ TEST_CASE("sort network: the compiled operator with the network equals the refer
             Threads th(cfg.threads);
             ForcePath f(fd::SortPath::kNetwork);
             auto r = asap::fast::asap_layer(L, q, k, v, mask, 2, false, cfg.tuning);
-            CHECK_CLOSE(r.phi_hat, ref.phi_hat, tol_of(dtype));
-            CHECK_CLOSE(r.out, ref.out, tol_of(dtype));
+            CHECK_REL(r.phi_hat, ref.phi_hat, tol_of(dtype));
+            CHECK_REL(r.out, ref.out, tol_of(dtype));
           }
         }
       }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -90,7 +91,31 @@ inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return d.numel() ? d.max().item<double>() : 0.0;
 }
 
+// max |a - b| / max(1, max finite |b|), equal infinities counting as equal;
+// NaN anywhere counts as a huge error. The fast-path tests' measure.
+inline double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  REQUIRE(a.defined());
+  REQUIRE(b.defined());
+  auto x = a.to(at::kDouble).contiguous(), y = b.to(at::kDouble).contiguous();
+  REQUIRE(x.sizes() == y.sizes());
+  auto both_inf = at::isinf(x) & at::isinf(y) & (x.sign() == y.sign());
+  auto d = (x - y).abs().masked_fill(both_inf, 0.0);
+  if (!d.numel()) return 0.0;
+  const double scale = std::max(1.0, y.masked_fill(at::isinf(y), 0.0).abs().max().item<double>());
+  const double e = d.max().item<double>() / scale;
+  return std::isnan(e) ? 1e300 : e;
+}
+
+// The fast path's tolerance against the reference, by dtype.
+inline double tol_of(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 1e-10; }
+
 }  // namespace asap_test
+
+#define CHECK_REL(a, b, tol)                                                              \
+  do {                                                                                    \
+    const double asap_rel_ = asap_test::rel_err((a), (b));                                \
+    CHECK_MESSAGE(asap_rel_ <= (tol), "relative error " << asap_rel_ << " > " << (tol)); \
+  } while (0)
 
 #define CHECK_CLOSE_T(a, b, tol)                                               \
   do {                                                                         \
