@@ -29,11 +29,17 @@ class CalibLayer;
 class CalibFile {
  public:
   explicit CalibFile(const std::string& path);  // validates format/version
+  // A set of files read as one: examples are numbered through the files in
+  // the given order. Every file must record the same layers with the same
+  // shapes apart from N (the error names the file and the field).
+  explicit CalibFile(const std::vector<std::string>& paths);
   ~CalibFile();
   CalibFile(const CalibFile&) = delete;
   CalibFile& operator=(const CalibFile&) = delete;
 
+  // The file, or "first ... last (k files)" for a set (for messages).
   const std::string& path() const { return path_; }
+  const std::vector<std::string>& paths() const { return paths_; }
   std::vector<std::string> layer_names() const;
   bool has_layer(const std::string& name) const;
 
@@ -52,9 +58,12 @@ class CalibFile {
   // Reads examples [start, start+count) of a layer. Values are checked for
   // NaN/Inf; the error names the layer and the example index.
   CalibBatch read(const std::string& layer, int64_t start, int64_t count) const;
+  // N of a layer in each file of the set.
+  std::vector<int64_t> examples_per_file(const std::string& layer) const;
 
  private:
   std::string path_;
+  std::vector<std::string> paths_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

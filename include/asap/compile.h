@@ -26,11 +26,13 @@
 
 namespace asap {
 
+class Communicator;
+
 struct ProgressEvent {
   std::string layer;     // layer being compiled
   std::string phase;     // "statistics", "selection", "kl"
-  int64_t done = 0;      // examples (or passes) done in this phase
-  int64_t total = 0;
+  int64_t done = 0;      // examples (or passes) done in this phase, by this process
+  int64_t total = 0;     // in all: with several processes, the sum over ranks of done reaches it
 };
 
 // One candidate operator: a feature family and whether coefficients are per head.
@@ -109,6 +111,11 @@ struct CompileOptions {
   int kl_max_iters = 20;                   // Newton iterations
   double kl_cache_mb = 512;                // memory budget for caching KL features
   bool float64 = false;                    // run teacher and features in float64
+  // Set: this process is one rank of a distributed compile (asap/dist.h).
+  // Every rank must call compile_teacher with the same options; each
+  // streams its share, sums are reduced, rank 0 measures latency and
+  // chooses, and every rank returns the same artifact.
+  std::shared_ptr<Communicator> comm;
   std::function<void(const ProgressEvent&)> progress;  // called from the compiling thread
   std::function<void(const std::string&)> warn;         // warnings (default: none)
 };
@@ -121,6 +128,14 @@ struct CompileResult {
 // Compiles every selected layer. Throws asap::Error on bad input.
 CompileResult compile_teacher(const std::string& checkpoint_path, const std::string& spec_path,
                               const std::string& calib_path, const CompileOptions& opt);
+// A calibration set of several files, numbered through in order (with
+// opt.comm, each rank's own files: docs/distributed.md).
+CompileResult compile_teacher(const std::string& checkpoint_path, const std::string& spec_path,
+                              const std::vector<std::string>& calib_paths, const CompileOptions& opt);
+
+// The options that change what compile produces, as JSON (the summary's
+// "options" and the digest ranks compare at start-up).
+nlohmann::json compile_options_json(const CompileOptions& opt);
 
 // Whether calibration example `example` belongs to the held-out split of a
 // compile with this seed and held-out fraction (the split compile used; its

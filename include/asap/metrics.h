@@ -2,6 +2,7 @@
 // section 7). One implementation serves compile's held-out choice, its
 // report, and `asapc verify`.
 #pragma once
+#include <vector>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -32,6 +33,10 @@ class MetricsAccumulator {
   // Centered duals in cost coordinates, [B, H, n]; rows without mass ignored.
   void add_dual(const at::Tensor& phi_hat, const at::Tensor& phi_bar_star, const LogMarginals& m);
   FidelityMetrics result() const;
+  // The running sums, to add accumulators of several processes (asap/dist.h).
+  void append_sums(std::vector<double>& out) const;
+  // Replaces the sums by out[offset ...] and advances offset.
+  void load_sums(const std::vector<double>& in, size_t& offset);
 
  private:
   double rel_sum_ = 0, kl_sum_ = 0, row_sum_ = 0, col_sum_ = 0;

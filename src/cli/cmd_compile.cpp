@@ -19,7 +19,9 @@ namespace asapc {
 namespace {
 
 struct CompileArgs {
-  std::string checkpoint, spec, calib, out;
+  std::string checkpoint, spec, out;
+  std::vector<std::string> calib;  // files or glob patterns, numbered through in order
+  asap::DistOptions dist;
   asap::CompileOptions opt;
   std::vector<std::string> features;
   std::string heads = "auto";
@@ -116,7 +118,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   auto* c = app.add_subcommand("compile", "Compile a Sinkhorn teacher into an ASAP artifact");
   c->add_option("checkpoint", a->checkpoint, "teacher checkpoint (torch.save zip or .safetensors)")->required();
   c->add_option("--spec", a->spec, "teacher spec JSON (asapc inspect writes one)")->required();
-  c->add_option("--calib", a->calib, "calibration HDF5 (docs/calibration-format.md)")->required();
+  c->add_option("--calib", a->calib,
+                "calibration HDF5 (docs/calibration-format.md); several files or a quoted glob are read as one set")
+      ->required();
   c->add_option("-o,--output", a->out, "artifact to write (HDF5)")->required();
   auto& o = a->opt;
   c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)")->delimiter(',');
@@ -172,23 +176,30 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--threads", a->threads, "threads (default: all cores)");
   c->add_flag("-q,--quiet", a->quiet, "no progress bar, no warnings");
   c->add_flag("--json", a->json, "print the compile summary as JSON on stdout");
+  add_dist_options(c, a->dist);
   c->callback([a, &run] {
     run = [a] {
-      set_threads(a->threads);
       apply_objective(*a);
       a->opt.candidates = candidates_of(a->features, a->heads);
-      Progress bar(a->quiet);
-      a->opt.progress = [&bar](const asap::ProgressEvent& e) {
-        bar.update(e.layer + " " + e.phase, e.done, e.total);
-      };
-      if (!a->quiet)
+      const std::vector<std::string> calib = expand_files(a->calib, "--calib");
+      // One process, or one rank of a group (docs/distributed.md): every
+      // rank computes, rank 0 writes and prints.
+      a->opt.comm = join_group(a->dist);
+      asap::Communicator* comm = a->opt.comm.get();
+      set_rank_threads(a->threads, comm);
+      const bool lead = !comm || comm->rank() == 0;
+      Progress bar(a->quiet || !lead);
+      GroupProgress progress(bar, comm);
+      progress.set_stage("compile");
+      a->opt.progress = [&progress](const asap::ProgressEvent& e) { progress(e); };
+      if (!a->quiet && lead)
         a->opt.warn = [&bar](const std::string& w) {
           bar.finish();
           std::cerr << "asapc: warning: " << w << "\n";
         };
-      auto res = asap::compile_teacher(a->checkpoint, a->spec, a->calib, a->opt);
+      auto res = asap::compile_teacher(a->checkpoint, a->spec, calib, a->opt);
       bar.finish();
-      asap::write_artifact(a->out, res.artifact);
+      if (lead) asap::write_artifact(a->out, res.artifact);
       res.summary["artifact"] = a->out;
       nlohmann::json report;
       std::string html, js;
@@ -201,12 +212,14 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
           }
         html = a->report.empty() ? stem + ".report.html" : a->report;
         js = a->report_json.empty() ? stem + ".report.json" : a->report_json;
-        report = write_compile_report(res.artifact, a->out, a->checkpoint, a->calib, a->opt, html, js, std::cerr,
+        progress.set_stage("report");
+        report = write_compile_report(res.artifact, a->out, a->checkpoint, calib, a->opt, html, js, std::cerr,
                                       a->opt.progress);
         bar.finish();
         res.summary["report"] = {{"html", html}, {"json", js}};
       }
-      if (a->json) {
+      if (!lead) {
+      } else if (a->json) {
         std::cout << res.summary.dump(2) << "\n";
       } else {
         print_summary(res.summary, a->out);
@@ -215,6 +228,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
           print_report_lines(report, std::cout);
         }
       }
+      asap::finish_process_group(comm);
       return 0;
     };
   });

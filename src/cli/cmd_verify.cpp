@@ -21,7 +21,9 @@ namespace asapc {
 namespace {
 
 struct VerifyArgs {
-  std::string checkpoint, artifact, data, report, json_out;
+  std::string checkpoint, artifact, report, json_out;
+  std::vector<std::string> data;  // files or glob patterns, numbered through in order
+  asap::DistOptions dist;
   std::vector<std::string> compare;
   asap::VerifyOptions opt;
   std::string split = "all";
@@ -51,7 +53,8 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   auto* c = app.add_subcommand("verify", "Compare a compiled artifact against its teacher on held-out data");
   c->add_option("checkpoint", a->checkpoint, "teacher checkpoint the artifact was compiled from")->required();
   c->add_option("--artifact", a->artifact, "compiled artifact")->required();
-  c->add_option("--data", a->data, "held-out data (calibration format)")->required();
+  c->add_option("--data", a->data, "held-out data (calibration format); several files or a quoted glob are read as one set")
+      ->required();
   c->add_option("--compare", a->compare, "further artifacts of the same teacher to show side by side (e.g. --fit kl)");
   c->add_option("--report", a->report, "write the HTML report here (default: ARTIFACT.verify.html)");
   c->add_option("--json-out", a->json_out, "write the JSON here (default: ARTIFACT.verify.json)");
@@ -75,18 +78,27 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   c->add_option("--threads", a->threads, "threads (default: all cores)");
   c->add_flag("-q,--quiet", a->quiet, "no progress bar");
   c->add_flag("--json", a->json, "print the JSON on stdout instead of the table");
+  add_dist_options(c, a->dist);
   c->callback([a, &run] {
     run = [a] {
-      set_threads(a->threads);
       a->opt.time = !a->no_timing;
+      const std::vector<std::string> files = expand_files(a->data, "--data");
+      // One process, or one rank of a group: each rank verifies its share,
+      // metrics are summed, rank 0 times, writes and prints.
+      a->opt.comm = join_group(a->dist);
+      asap::Communicator* comm = a->opt.comm.get();
+      set_rank_threads(a->threads, comm);
+      const bool lead = !comm || comm->rank() == 0;
       auto ck = asap::load_checkpoint(a->checkpoint);
-      asap::CalibFile data(a->data);
-      Progress bar(a->quiet);
-      a->opt.progress = [&bar](const asap::ProgressEvent& e) { bar.update(e.layer + " " + e.phase, e.done, e.total); };
+      asap::CalibFile data(files);
+      Progress bar(a->quiet || !lead);
+      GroupProgress progress(bar, comm);
+      a->opt.progress = [&progress](const asap::ProgressEvent& e) { progress(e); };
       std::vector<std::string> paths{a->artifact};
       paths.insert(paths.end(), a->compare.begin(), a->compare.end());
       nlohmann::json all = nlohmann::json::array();
       for (const auto& p : paths) {
+        progress.set_stage(p);
         auto art = asap::read_artifact(p);
         asap::check_artifact_matches(art, p, ck, a->force);
         a->opt.example_filter = split_filter(art, p, a->split);
@@ -102,12 +114,14 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
       if (all.size() > 1) out["compare"] = nlohmann::json(all.begin() + 1, all.end());
       const std::string html = a->report.empty() ? a->artifact + ".verify.html" : a->report;
       const std::string js = a->json_out.empty() ? a->artifact + ".verify.json" : a->json_out;
-      asap::write_report(out, html, js, "asapc verify: " + a->artifact, "Held-out data: " + a->data);
-      if (a->json)
-        std::cout << out.dump(2) << "\n";
-      else
-        print_verify_table(out, std::cout);
-      if (!a->json) std::cout << "report: " << html << "\njson:   " << js << "\n";
+      if (lead) {
+        asap::write_report(out, html, js, "asapc verify: " + a->artifact, "Held-out data: " + data.path());
+        if (a->json)
+          std::cout << out.dump(2) << "\n";
+        else
+          print_verify_table(out, std::cout);
+        if (!a->json) std::cout << "report: " << html << "\njson:   " << js << "\n";
+      }
       // Thresholds on the default operator of every layer.
       int code = 0;
       for (const auto& l : out["layers"])
@@ -118,7 +132,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
             if (limit < 0) return;
             const double v = m[key].get<double>();
             if (v > limit) {
-              std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
+              if (lead) std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
                         << " exceeds " << flag << " " << limit << "\n";
               code = kExitThreshold;
             }
@@ -128,6 +142,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
           gate(a->max_col_marginal_error, "col_marginal_error", "--max-col-marginal-error");
           gate(a->max_kl, "teacher_plan_kl", "--max-kl");
         }
+      asap::finish_process_group(comm);
       return code;
     };
   });

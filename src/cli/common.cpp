@@ -4,8 +4,15 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <glob.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
+
+#include "asap/error.h"
 
 namespace asapc {
 
@@ -54,6 +61,72 @@ void Progress::finish() {
   if (enabled_ && drawn_) std::fprintf(stderr, "\r\033[K");
   drawn_ = false;
   label_.clear();
+}
+
+void add_dist_options(CLI::App* c, asap::DistOptions& o) {
+  c->add_option("--dist-init", o.init,
+                "join a process group: tcp://HOST:PORT (with --rank and --world-size) or env:// (torchrun's "
+                "variables; also read without this flag)");
+  c->add_option("--rank", o.rank, "this process's rank, 0..WORLD_SIZE-1 (with --dist-init tcp://...)");
+  c->add_option("--world-size", o.world_size, "number of processes (with --dist-init tcp://...)");
+  c->add_option("--dist-timeout", o.timeout_s,
+                "seconds within which a rank that stops or hangs ends every rank")
+      ->capture_default_str();
+}
+
+std::shared_ptr<asap::Communicator> join_group(const asap::DistOptions& o) {
+  return asap::join_process_group(asap::resolve_dist_env(o), o.timeout_s);
+}
+
+void set_rank_threads(int threads, asap::Communicator* comm) {
+  if (threads <= 0 && comm) {
+    if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && std::atoi(omp) > 0) {
+      threads = std::atoi(omp);
+    } else {
+      char host[256] = {0};
+      gethostname(host, sizeof host - 1);
+      int here = 0;
+      for (const auto& h : comm->allgather(host)) here += h == host;
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      threads = std::max(1, cores / std::max(1, here));
+    }
+  }
+  set_threads(threads);
+}
+
+std::vector<std::string> expand_files(const std::vector<std::string>& args, const char* flag) {
+  std::vector<std::string> out;
+  for (const auto& a : args) {
+    if (a.find_first_of("*?[") == std::string::npos) {
+      out.push_back(a);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(a.c_str(), 0, nullptr, &g);
+    std::vector<std::string> hits;
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) hits.push_back(g.gl_pathv[i]);
+    globfree(&g);
+    ASAP_CHECK(!hits.empty(), flag, " pattern '", a, "' matches no file");
+    std::sort(hits.begin(), hits.end());
+    out.insert(out.end(), hits.begin(), hits.end());
+  }
+  return out;
+}
+
+void GroupProgress::operator()(const asap::ProgressEvent& e) {
+  const std::string label = e.layer + " " + e.phase;
+  const bool summed = e.phase == "statistics" || e.phase == "selection" || e.phase == "verify";
+  if (!comm_ || !summed) {
+    if (!comm_ || comm_->rank() == 0) bar_.update(label, e.done, e.total);
+    return;
+  }
+  const std::string key = stage_ + "/" + e.layer + "/" + e.phase;
+  long long& last = last_[key];
+  const long long delta = std::max(0LL, static_cast<long long>(e.done) - last);
+  last = std::max(last, static_cast<long long>(e.done));
+  const long long total = comm_->add_counter(key, delta);
+  if (comm_->rank() == 0) bar_.update(label + " (all ranks)", total, e.total);
 }
 
 }  // namespace asapc

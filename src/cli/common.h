@@ -2,7 +2,18 @@
 #pragma once
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "asap/compile.h"
+#include "asap/dist.h"
+
+namespace CLI {
+class App;
+}
 
 namespace asapc {
 
@@ -30,5 +41,34 @@ class Progress {
 };
 
 std::string human_seconds(double s);
+
+// --dist-init, --rank, --world-size, --dist-timeout (docs/distributed.md).
+void add_dist_options(CLI::App* cmd, asap::DistOptions& o);
+// Joins the process group the flags or the environment describe; null when
+// there is none (one process).
+std::shared_ptr<asap::Communicator> join_group(const asap::DistOptions& o);
+// set_threads for one rank: --threads when given, else OMP_NUM_THREADS when
+// set (torchrun sets it), else the cores shared among the ranks on this host.
+void set_rank_threads(int threads, asap::Communicator* comm);
+
+// File arguments with glob patterns (*, ?, [) expanded, sorted; a pattern
+// that matches nothing is an error naming the flag.
+std::vector<std::string> expand_files(const std::vector<std::string>& args, const char* flag);
+
+// Progress across ranks: each rank adds what it did to a counter shared
+// through the rendezvous store, and rank 0 draws the total. `stage` keeps
+// the counters of successive runs over the same layers apart.
+class GroupProgress {
+ public:
+  GroupProgress(Progress& bar, asap::Communicator* comm) : bar_(bar), comm_(comm) {}
+  void set_stage(const std::string& stage) { stage_ = stage; }
+  void operator()(const asap::ProgressEvent& e);
+
+ private:
+  Progress& bar_;
+  asap::Communicator* comm_;
+  std::string stage_;
+  std::map<std::string, long long> last_;
+};
 
 }  // namespace asapc

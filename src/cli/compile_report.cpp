@@ -5,6 +5,7 @@
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
+#include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/report.h"
 #include "asap/verify.h"
@@ -12,17 +13,18 @@
 namespace asapc {
 
 nlohmann::json write_compile_report(const asap::Artifact& art, const std::string& artifact_path,
-                                    const std::string& checkpoint, const std::string& calib_path,
+                                    const std::string& checkpoint, const std::vector<std::string>& calib_paths,
                                     const asap::CompileOptions& opt, const std::string& html_path,
                                     const std::string& json_path, std::ostream& os,
                                     const std::function<void(const asap::ProgressEvent&)>& progress) {
+  asap::CalibFile calib(calib_paths);
+  const std::string calib_path = calib.path();
   const std::string note = "Held-out split of " + calib_path + ": the calibration examples not used for the fit.";
-  asap::CalibFile calib(calib_path);
+  asap::Communicator* comm = opt.comm.get();
   // How many held-out examples the split has (the smallest over layers).
   int64_t held = -1;
   for (const auto& l : art.layers) {
-    const int64_t N = calib.info(l.spec.name).N;
-    const int64_t cap = opt.max_examples > 0 ? std::min(N, opt.max_examples) : N;
+    const int64_t cap = asap::make_shards(comm, calib, calib.info(l.spec.name).N, opt.max_examples).total;
     int64_t h = 0;
     for (int64_t e = 0; e < cap; ++e) h += asap::in_heldout_split(opt.seed, opt.heldout_fraction, e);
     held = held < 0 ? h : std::min(held, h);
@@ -43,11 +45,12 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
       return (opt.max_examples <= 0 || e < opt.max_examples) && asap::in_heldout_split(opt.seed, opt.heldout_fraction, e);
     };
     vo.progress = progress;
+    vo.comm = opt.comm;
     j = asap::verify(art, artifact_path, ck, calib, vo).to_json();
   }
   j["source"] = "compile";
   j["fit"] = opt.fit;
-  asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
+  if (!comm || comm->rank() == 0) asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
   return j;
 }
 

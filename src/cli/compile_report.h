@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "asap/compile.h"
 
@@ -11,7 +12,7 @@ namespace asapc {
 // split of the calibration file, written as JSON and HTML beside the
 // artifact; prints one line per layer. Returns the report JSON.
 nlohmann::json write_compile_report(const asap::Artifact& art, const std::string& artifact_path,
-                                    const std::string& checkpoint, const std::string& calib,
+                                    const std::string& checkpoint, const std::vector<std::string>& calib,
                                     const asap::CompileOptions& opt, const std::string& html_path,
                                     const std::string& json_path, std::ostream& os,
                                     const std::function<void(const asap::ProgressEvent&)>& progress);

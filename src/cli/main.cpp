@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "asap/dist.h"
 #include "asap/error.h"
 #include "commands.h"
 #include "common.h"
@@ -25,9 +26,12 @@ int main(int argc, char** argv) {
   try {
     return run();
   } catch (const asap::Error& e) {
+    // In a process group, the other ranks stop too, naming this one.
+    if (auto* comm = asap::active_communicator()) comm->report_failure(e.what());
     std::cerr << "asapc: error: " << e.what() << "\n";
     return asapc::kExitBadInput;
   } catch (const std::exception& e) {
+    if (auto* comm = asap::active_communicator()) comm->report_failure(std::string("internal error: ") + e.what());
     std::cerr << "asapc: internal error: " << e.what() << "\n";
     return 3;
   }

@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
+#include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/features.h"
 #include "asap/fit.h"
@@ -206,16 +209,92 @@ json fits_json(const std::vector<Fit>& fits) {
   return out;
 }
 
+// Every rank must compile the same teacher with the same spec and options:
+// compared at start-up, naming the first rank and field that differ.
+void check_same_start(Communicator& comm, const Checkpoint& ck, const std::string& spec_path, const CompileOptions& opt) {
+  std::ifstream in(spec_path, std::ios::binary);
+  const std::string spec_bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json mine{{"asapc version", ASAP_VERSION_STRING},
+                  {"checkpoint (SHA-256)", ck.sha256},
+                  {"teacher spec (SHA-256)", sha256_hex(spec_bytes.data(), spec_bytes.size())},
+                  {"options", compile_options_json(opt)}};
+  const auto all = comm.allgather(mine.dump());
+  const json root = json::parse(all[0]);
+  auto brief = [](const json& v) {
+    std::string s = v.dump();
+    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+  };
+  for (size_t r = 1; r < all.size(); ++r) {
+    const json other = json::parse(all[r]);
+    for (const auto& [field, value] : root.items()) {
+      const json theirs = other.value(field, json());
+      if (theirs == value) continue;
+      std::string what = field, a = brief(theirs), b = brief(value);
+      if (field == "options" && theirs.is_object())
+        for (const auto& [k, v] : value.items())
+          if (theirs.value(k, json()) != v) {
+            what = "compile option " + k;
+            a = brief(theirs.value(k, json()));
+            b = brief(v);
+            break;
+          }
+      throw Error(str("rank ", r, " was started with ", what, " = ", a, " but rank 0 with ", b,
+                      ": every rank must compile the same checkpoint with the same spec and options"));
+    }
+  }
+}
+
 }  // namespace
+
+json compile_options_json(const CompileOptions& opt) {
+  json cands = json::array();
+  for (const auto& c : opt.candidates) cands.push_back({c.features, c.per_head});
+  return json{{"slice_bank", opt.slice_bank},
+              {"slice_counts", opt.slice_counts},
+              {"fixed_slices", opt.fixed_slices},
+              {"candidates", cands},
+              {"objective", objective_name(opt.objective)},
+              {"min_speedup", opt.min_speedup},
+              {"max_error", opt.max_error},
+              {"deploy_batch", opt.deploy_batch},
+              {"latency", opt.latency ? opt.latency->describe() : json("measured")},
+              {"zero_parameter_operators", opt.zero_parameter_operators},
+              {"ridge_grid", opt.ridge_grid},
+              {"fixed_ridge", opt.ridge},
+              {"closures", opt.closures},
+              {"max_passes", opt.max_passes},
+              {"max_closures", opt.max_closures},
+              {"selection_examples", opt.selection_examples},
+              {"batch_size", opt.batch_size},
+              {"heldout_fraction", opt.heldout_fraction},
+              {"min_heldout", opt.min_heldout},
+              {"seed", opt.seed},
+              {"max_examples", opt.max_examples},
+              {"layers", opt.layers},
+              {"fit", opt.fit},
+              {"kl_ridge", opt.kl_ridge},
+              {"kl_max_iters", opt.kl_max_iters},
+              {"kl_cache_mb", opt.kl_cache_mb},
+              {"float64", opt.float64}};
+}
 
 CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path, const std::string& calib_path,
                               const CompileOptions& opt) {
+  return compile_teacher(ckpt_path, spec_path, std::vector<std::string>{calib_path}, opt);
+}
+
+CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path,
+                              const std::vector<std::string>& calib_paths, const CompileOptions& opt) {
   const auto t_all = Clock::now();
+  Communicator* comm = opt.comm.get();
   const Setup setup = validate_options(opt);
   Checkpoint ck = load_checkpoint(ckpt_path);
   TeacherSpec spec = read_spec(spec_path);
   validate_spec(spec, ck, spec_path);
-  CalibFile calib(calib_path);
+  if (comm) check_same_start(*comm, ck, spec_path, opt);
+  CalibFile calib(calib_paths);
+  const std::string calib_path = calib.path();
+  int64_t bytes_read = 0;
 
   std::vector<const LayerSpec*> layers;
   if (opt.layers.empty()) {
@@ -242,7 +321,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     const auto t_layer = Clock::now();
     ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
                " (plain softmax): there is no Sinkhorn loop to amortize, so asapc refuses to compile it");
-    LayerStream stream(calib, s, ck, opt.float64, opt.max_examples);
+    LayerStream stream(calib, s, ck, opt.float64, comm ? 0 : opt.max_examples);
+    const Shards sh = make_shards(comm, calib, stream.num_examples(), opt.max_examples);
+    stream.set_first_example(sh.readable_begin);
     const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
     if (s.T <= 3 && opt.warn)
       opt.warn(str("layer '", s.name, "' has T = ", s.T, ": few operators can be both faster than the teacher and "
@@ -258,9 +339,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     PhaseTimes times;
 
     // 1. Statistics.
-    Statistics st = gather_statistics(stream, s, theta, widest, opt, times);
+    Statistics st = gather_statistics(stream, sh, s, theta, widest, opt, times);
     ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
-               "' left no training examples (", stream.num_examples(), " examples, held-out fraction ",
+               "' left no training examples (", sh.total, " examples, held-out fraction ",
                opt.heldout_fraction, ")");
     const bool can_select = st.n_held >= opt.min_heldout;
     if (!can_select && opt.warn)
@@ -278,7 +359,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     t = Clock::now();
     HeldoutErrors he;
     if (can_select)
-      he = heldout_errors(stream, s, theta, widest, st.held_idx, ft.fits, closures_to_evaluate(ft.fits, s, opt, budget),
+      he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits, closures_to_evaluate(ft.fits, s, opt, budget),
                           opt);
     times.selection = seconds_since(t);
 
@@ -287,9 +368,17 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt);
     Choice ch;
     json latency_source;
-    if (can_select) {
+    // Latency describes the deployment machine: measured once, on rank 0,
+    // which chooses for every rank.
+    if (can_select && (!comm || comm->rank() == 0)) {
+      std::vector<int64_t> timed;  // held-out examples in this rank's files
+      for (int64_t e : st.held_idx)
+        if (e >= sh.readable_begin && e < sh.readable_end) timed.push_back(e);
+      if (timed.empty())
+        for (int64_t e = sh.readable_begin; e < sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
+          timed.push_back(e);
       std::shared_ptr<LatencyModel> model =
-          opt.latency ? opt.latency : measured_latency(stream, s, theta, st.held_idx, opt.deploy_batch);
+          opt.latency ? opt.latency : measured_latency(stream, s, theta, timed, opt.deploy_batch);
       latency_source = model->describe();
       ChoiceOptions co;
       co.objective = opt.objective;
@@ -306,6 +395,13 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         opt.warn(str("layer '", s.name, "': Sinkhorn T' = 1 timed at ", cands[1].latency / ch.teacher_latency,
                      " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
                      "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
+    }
+    if (can_select && comm) {
+      std::vector<double> idx{static_cast<double>(ch.index)};
+      const auto tc = Clock::now();
+      comm->broadcast(idx, 0);
+      times.communication += seconds_since(tc);
+      ch.index = static_cast<int>(idx[0]);
     }
     times.latency = seconds_since(t);
 
@@ -342,8 +438,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         ko.batch_size = opt.batch_size;
         ko.min_heldout = opt.min_heldout;
         ko.progress = opt.progress;
+        ko.comm = comm;
         auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
-        auto kl = fit_kl(stream, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
+        auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
         cl.coef = kl.coef;
         kl_diag = kl.diagnostics;
       }
@@ -383,7 +480,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     json summary{{"layer", s.name},
                  {"T", s.T},
                  {"ending", s.T % 2 == 0 ? "column" : "row"},
-                 {"examples", stream.num_examples()},
+                 {"examples", sh.total},
+                 {"examples_per_rank", sh.examples_per_rank},
                  {"train_examples", st.train.examples},
                  {"heldout_examples", st.n_held},
                  {"selection_examples", he.examples},
@@ -414,10 +512,25 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                    {"max_closures", opt.max_closures},
                    {"float64", opt.float64}}}};
     if (!kl_diag.is_null()) summary["kl"] = kl_diag;
+    bytes_read += stream.bytes_read();
     cl.fit_json = summary.dump();
     art.layers.push_back(std::move(cl));
     result.summary["layers"].push_back(summary);
   }
+  json dist{{"world_size", comm ? comm->world_size() : 1}};
+  if (comm) {
+    const auto stats = comm->stats();
+    std::vector<double> v{static_cast<double>(bytes_read), stats.comm_seconds};
+    dist["communication_s_rank0"] = stats.comm_seconds;
+    dist["bytes_reduced"] = stats.bytes_reduced;
+    dist["reductions"] = stats.collectives;
+    comm->allreduce_sum(v);
+    dist["calibration_bytes_read"] = v[0];
+    dist["communication_s_mean"] = v[1] / comm->world_size();
+  } else {
+    dist["calibration_bytes_read"] = bytes_read;
+  }
+  result.summary["distributed"] = dist;
   result.summary["total_time_s"] = seconds_since(t_all);
   return result;
 }

@@ -35,7 +35,7 @@ double softmax_error_sum(const HeadBatch& b, const LayerSpec& s, const Conventio
 
 }  // namespace
 
-HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const std::vector<int64_t>& held_idx,
                              std::vector<Fit>& fits, const std::vector<int>& k_eval, const CompileOptions& opt) {
   ASAP_CHECK(k_eval.size() == fits.size(), "heldout_errors: one k per fit expected");
@@ -44,6 +44,7 @@ HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, cons
   std::vector<int64_t> sel = held_idx;
   if (opt.selection_examples > 0 && static_cast<int64_t>(sel.size()) > opt.selection_examples)
     sel.resize(static_cast<size_t>(opt.selection_examples));
+  const std::vector<int64_t> mine = sh.mine(sel);
   // Sinkhorn T' >= 2 is the teacher's loop from f1 = row(0): the closures
   // from the (centered) softmax dual, k = T' - 1.
   const int k_sink = s.T - 2;
@@ -55,10 +56,10 @@ HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, cons
   int64_t terms = 0, done = 0;
   FeatureFamily softmax_only;
   softmax_only.softmax_dual = true;
-  for (size_t i = 0; i < sel.size(); i += static_cast<size_t>(opt.batch_size)) {
-    std::vector<int64_t> idx(sel.begin() + static_cast<std::ptrdiff_t>(i),
-                             sel.begin() + static_cast<std::ptrdiff_t>(
-                                               std::min(sel.size(), i + static_cast<size_t>(opt.batch_size))));
+  for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(opt.batch_size)) {
+    std::vector<int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(i),
+                             mine.begin() + static_cast<std::ptrdiff_t>(
+                                                std::min(mine.size(), i + static_cast<size_t>(opt.batch_size))));
     auto b = stream.read_indices(idx);
     const int64_t B = b.q.size(0);
     if (kmax > 0) {
@@ -80,6 +81,18 @@ HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, cons
     terms += B * s.heads;
     done += B;
     if (opt.progress) opt.progress({s.name, "selection", done, static_cast<int64_t>(sel.size())});
+  }
+  if (opt.comm) {  // one reduction: every (candidate, k) sum, the softmax sum, the terms
+    std::vector<double> v;
+    for (const auto& row : sums) v.insert(v.end(), row.begin(), row.end());
+    v.push_back(softmax_sum);
+    v.push_back(static_cast<double>(terms));
+    opt.comm->allreduce_sum(v);
+    size_t o = 0;
+    for (auto& row : sums)
+      for (auto& x : row) x = v[o++];
+    softmax_sum = v[o];
+    terms = static_cast<int64_t>(v[o + 1]);
   }
   const double t = static_cast<double>(std::max<int64_t>(terms, 1));
   for (size_t c = 0; c < fits.size(); ++c) {

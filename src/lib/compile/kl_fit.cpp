@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/features.h"
 #include "asap/runtime.h"
@@ -77,9 +78,31 @@ void kl_accumulate(const KlBatch& kb, const at::Tensor& coef, double eps, bool d
   }
 }
 
-KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, double lambda, bool derivs) {
+KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, double lambda, bool derivs,
+                    Communicator* comm) {
   KlSums s;
   source([&](const KlBatch& b) { kl_accumulate(b, coef, eps, derivs, s); });
+  if (comm) {  // one reduction: F, KL, terms, then the gradient and Hessian
+    const int64_t G = coef.size(0), P = coef.size(1);
+    if (derivs && !s.grad.defined()) {
+      s.grad = at::zeros({G, P}, at::kDouble);
+      s.hess = at::zeros({G, P, P}, at::kDouble);
+    }
+    std::vector<double> v{s.F, s.kl, static_cast<double>(s.terms)};
+    if (derivs) {
+      auto g = s.grad.contiguous(), h = s.hess.contiguous();
+      v.insert(v.end(), g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+      v.insert(v.end(), h.data_ptr<double>(), h.data_ptr<double>() + h.numel());
+    }
+    comm->allreduce_sum(v);
+    s.F = v[0];
+    s.kl = v[1];
+    s.terms = static_cast<int64_t>(v[2]);
+    if (derivs) {
+      s.grad = at::from_blob(v.data() + 3, {G, P}, at::kDouble).clone();
+      s.hess = at::from_blob(v.data() + 3 + G * P, {G, P, P}, at::kDouble).clone();
+    }
+  }
   ASAP_CHECK(s.terms > 0, "KL fit: no calibration examples");
   const double E = static_cast<double>(s.terms);
   KlValue v;
@@ -93,10 +116,10 @@ KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, 
 }
 
 KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double eps, double lambda, int max_iters,
-                         double tol, const std::function<void(int)>& on_iter) {
+                         double tol, const std::function<void(int)>& on_iter, Communicator* comm) {
   KlNewtonResult r;
   at::Tensor beta = coef0.to(at::kDouble).clone();
-  KlValue v = kl_evaluate(source, beta, eps, lambda, true);
+  KlValue v = kl_evaluate(source, beta, eps, lambda, true, comm);
   ASAP_CHECK(std::isfinite(v.F), "KL fit: the objective is not finite at the LS warm start");
   r.history.push_back({0, v.F, v.grad.norm().item<double>(), 0, 0});
   for (int it = 1; it <= max_iters; ++it) {
@@ -126,7 +149,7 @@ KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double
     double t = 1;
     KlValue nv;
     for (int ls = 0; ls < 40; ++ls) {
-      nv = kl_evaluate(source, beta + t * dir, eps, lambda, false);
+      nv = kl_evaluate(source, beta + t * dir, eps, lambda, false, comm);
       if (std::isfinite(nv.F) && nv.F <= v.F - 0.25 * t * dec2) break;
       t *= 0.5;
     }
@@ -137,7 +160,7 @@ KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double
       break;
     }
     beta = beta + t * dir;
-    v = kl_evaluate(source, beta, eps, lambda, true);
+    v = kl_evaluate(source, beta, eps, lambda, true, comm);
     r.history.push_back({it, v.F, v.grad.norm().item<double>(), std::sqrt(std::max(0.0, dec2)), t});
     if (on_iter) on_iter(it);
   }
@@ -201,23 +224,24 @@ class SplitSource {
 
 }  // namespace
 
-KlFit fit_kl(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& family,
+KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& family,
              bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
              const KlOptions& opt) {
   std::vector<int64_t> tr, he;
-  for (int64_t e = 0; e < stream.num_examples(); ++e) (is_heldout(e) ? he : tr).push_back(e);
-  SplitSource train(stream, s, theta, family, tr, opt.batch_size, opt.cache_mb);
-  SplitSource held(stream, s, theta, family, he, opt.batch_size, opt.cache_mb);
+  for (int64_t e = 0; e < sh.total; ++e) (is_heldout(e) ? he : tr).push_back(e);
+  const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
+  SplitSource train(stream, s, theta, family, sh.mine(tr), opt.batch_size, opt.cache_mb);
+  SplitSource held(stream, s, theta, family, sh.mine(he), opt.batch_size, opt.cache_mb);
   KlSource train_src = [&](const std::function<void(const KlBatch&)>& fn) { train(fn); };
   KlSource held_src = [&](const std::function<void(const KlBatch&)>& fn) { held(fn); };
-  const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
+  Communicator* comm = opt.comm;
   std::vector<double> grid = opt.ridge_grid.empty() ? std::vector<double>{1e-6, 1e-5, 1e-4, 1e-3, 1e-2} : opt.ridge_grid;
   if (opt.ridge >= 0) grid = {opt.ridge};
   else if (!can_select) grid = {1e-4};
 
   json diag{{"ridge_grid", grid}, {"ridge_fixed", opt.ridge >= 0}};
-  const double ls_train_kl = kl_evaluate(train_src, coef_ls, s.eps, 0, false).kl;
-  const double ls_held_kl = can_select ? kl_evaluate(held_src, coef_ls, s.eps, 0, false).kl : -1;
+  const double ls_train_kl = kl_evaluate(train_src, coef_ls, s.eps, 0, false, comm).kl;
+  const double ls_held_kl = can_select ? kl_evaluate(held_src, coef_ls, s.eps, 0, false, comm).kl : -1;
   diag["train_kl_ls"] = ls_train_kl;
   diag["heldout_kl_ls"] = ls_held_kl;
   json per_ridge = json::array();
@@ -228,8 +252,8 @@ KlFit fit_kl(const LayerStream& stream, const LayerSpec& s, const at::Tensor& th
     auto res = kl_newton(train_src, coef_ls, s.eps, lam, opt.max_iters, opt.tol, [&](int it) {
       ++passes;
       if (opt.progress) opt.progress({s.name, "kl", it, opt.max_iters});
-    });
-    const double hk = can_select ? kl_evaluate(held_src, res.coef, s.eps, 0, false).kl : -1;
+    }, comm);
+    const double hk = can_select ? kl_evaluate(held_src, res.coef, s.eps, 0, false, comm).kl : -1;
     json hist = json::array();
     for (const auto& h : res.history)
       hist.push_back({{"iter", h.iter}, {"objective", h.objective}, {"grad_norm", h.grad_norm},
@@ -250,7 +274,7 @@ KlFit fit_kl(const LayerStream& stream, const LayerSpec& s, const at::Tensor& th
   diag["objective"] = best.history.back().objective;
   diag["grad_norm"] = best.history.back().grad_norm;
   diag["newton_decrement"] = best.history.back().newton_decrement;
-  diag["train_kl"] = kl_evaluate(train_src, best.coef, s.eps, 0, false).kl;
+  diag["train_kl"] = kl_evaluate(train_src, best.coef, s.eps, 0, false, comm).kl;
   diag["heldout_kl"] = can_select ? best_held : -1.0;
   diag["cached_mb"] = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
   diag["cached"] = train.cached();

@@ -12,7 +12,9 @@
 
 namespace asap {
 
+class Communicator;
 class LayerStream;
+struct Shards;
 
 // What the KL objective needs of a batch of examples, in float64.
 struct KlBatch {
@@ -46,7 +48,9 @@ struct KlValue {
   at::Tensor grad, hess;  // of F (with ridge), when requested
 };
 using KlSource = std::function<void(const std::function<void(const KlBatch&)>&)>;
-KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, double lambda, bool derivatives);
+// With comm, each rank's source holds its share and the sums are reduced.
+KlValue kl_evaluate(const KlSource& source, const at::Tensor& coef, double eps, double lambda, bool derivatives,
+                    Communicator* comm = nullptr);
 
 struct KlIteration {
   int iter = 0;
@@ -61,7 +65,7 @@ struct KlNewtonResult {
 // decrement^2/2 < tol or after max_iters; throws asap::Error if the objective
 // becomes non-finite.
 KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double eps, double lambda, int max_iters,
-                         double tol, const std::function<void(int)>& on_iter = {});
+                         double tol, const std::function<void(int)>& on_iter = {}, Communicator* comm = nullptr);
 
 // Compile's KL stage for one layer: caches batches within a memory budget,
 // chooses the KL ridge on held-out KL unless fixed, reports diagnostics.
@@ -74,12 +78,13 @@ struct KlOptions {
   int64_t batch_size = 16;
   int64_t min_heldout = 8;
   std::function<void(const ProgressEvent&)> progress;
+  Communicator* comm = nullptr;  // distributed: this rank's share, sums reduced
 };
 struct KlFit {
   at::Tensor coef;
   nlohmann::json diagnostics;
 };
-KlFit fit_kl(const LayerStream& stream, const LayerSpec& spec, const at::Tensor& theta, const FeatureFamily& family,
+KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& spec, const at::Tensor& theta, const FeatureFamily& family,
              bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
              const KlOptions& opt);
 

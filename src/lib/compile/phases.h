@@ -10,6 +10,7 @@
 
 #include "asap/artifact.h"
 #include "asap/compile.h"
+#include "asap/dist.h"
 #include "asap/fit.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
@@ -23,6 +24,7 @@ namespace compile_detail {
 // Seconds spent per phase; the summary's phase_times_s.
 struct PhaseTimes {
   double read = 0, teacher = 0, features = 0, statistics = 0, solve = 0, selection = 0, latency = 0;
+  double communication = 0;  // inside reductions over ranks (waiting for the slowest included)
   nlohmann::json to_json() const;
 };
 
@@ -32,7 +34,9 @@ struct Statistics {
   int64_t n_held = 0;
   std::vector<int64_t> held_idx;  // calibration indices of the held-out examples, increasing
 };
-Statistics gather_statistics(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+// Each rank streams its share and the sums are reduced over ranks, so every
+// rank ends with the statistics of all examples.
+Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const CompileOptions& opt, PhaseTimes& times);
 
 // ---- fits (fits.cpp) ------------------------------------------------------
@@ -73,7 +77,8 @@ struct HeldoutErrors {
   std::vector<double> sinkhorn;  // T' = 1..T-1
   int64_t examples = 0;
 };
-HeldoutErrors heldout_errors(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+// Each rank runs its share of the selection examples; sums are reduced.
+HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const std::vector<int64_t>& held_idx,
                              std::vector<Fit>& fits, const std::vector<int>& k_eval, const CompileOptions& opt);
 

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 
 #include "asap/error.h"
 #include "asap/fast.h"
@@ -20,15 +22,59 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 nlohmann::json PhaseTimes::to_json() const {
   return {{"read", read},   {"teacher", teacher},     {"features", features}, {"statistics", statistics},
-          {"solve", solve}, {"selection", selection}, {"latency", latency}};
+          {"solve", solve}, {"selection", selection}, {"latency", latency},
+          {"communication", communication}};
 }
 
-Statistics gather_statistics(const LayerStream& stream, const LayerSpec& s, const at::Tensor& theta,
+namespace {
+
+// Sums the statistics over ranks: one float64 vector per reduction.
+void reduce_statistics(Communicator* comm, Statistics& st, int64_t H, int64_t P) {
+  if (!comm) return;
+  auto zero_if_empty = [&](LsStats& s) {
+    if (!s.empty()) return;
+    s.G = at::zeros({H, P, P}, at::kDouble);
+    s.h = at::zeros({H, P}, at::kDouble);
+    s.c = at::zeros({H}, at::kDouble);
+    s.R = at::zeros({H}, at::kDouble);
+  };
+  zero_if_empty(st.train);
+  zero_if_empty(st.held);
+  std::vector<at::Tensor> parts{st.train.G, st.train.h, st.train.c, st.train.R,
+                                st.held.G,  st.held.h,  st.held.c,  st.held.R};
+  std::vector<double> v;
+  for (const auto& t : parts) {
+    auto c = t.contiguous();
+    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  v.push_back(static_cast<double>(st.train.examples));
+  v.push_back(static_cast<double>(st.held.examples));
+  v.push_back(static_cast<double>(st.n_held));
+  comm->allreduce_sum(v);
+  size_t o = 0;
+  for (auto& t : parts) {
+    auto src = at::from_blob(v.data() + o, t.sizes(), at::kDouble);
+    t.copy_(src);
+    o += static_cast<size_t>(t.numel());
+  }
+  st.train.examples = static_cast<int64_t>(v[o]);
+  st.held.examples = static_cast<int64_t>(v[o + 1]);
+  st.n_held = static_cast<int64_t>(v[o + 2]);
+  if (st.train.examples == 0) st.train = LsStats();
+  if (st.held.examples == 0) st.held = LsStats();
+}
+
+}  // namespace
+
+Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const CompileOptions& opt, PhaseTimes& times) {
   Statistics st;
-  const int64_t N = stream.num_examples();
-  for (int64_t start = 0; start < N; start += opt.batch_size) {
-    const int64_t count = std::min(opt.batch_size, N - start);
+  // Test hook: a pause per batch, so that a test can stop a rank mid-compile.
+  const char* delay = std::getenv("ASAP_TEST_BATCH_DELAY_MS");
+  const int delay_ms = delay ? std::atoi(delay) : 0;
+  for (int64_t start = sh.begin; start < sh.end; start += opt.batch_size) {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    const int64_t count = std::min(opt.batch_size, sh.end - start);
     auto t = Clock::now();
     auto b = stream.read(start, count);
     times.read += since(t);
@@ -54,10 +100,15 @@ Statistics gather_statistics(const LayerStream& stream, const LayerSpec& s, cons
     add(st.train, tr);
     add(st.held, he);
     st.n_held += static_cast<int64_t>(he.size());
-    for (int64_t e : he) st.held_idx.push_back(start + e);
     times.statistics += since(t);
-    if (opt.progress) opt.progress({s.name, "statistics", start + count, N});
+    if (opt.progress) opt.progress({s.name, "statistics", start + count - sh.begin, sh.total});
   }
+  const auto t = Clock::now();
+  reduce_statistics(opt.comm.get(), st, s.heads, widest.num_columns());
+  times.communication += since(t);
+  // The split depends on the example index and the seed alone.
+  for (int64_t e = 0; e < sh.total; ++e)
+    if (in_heldout_split(opt.seed, opt.heldout_fraction, e)) st.held_idx.push_back(e);
   return st;
 }
 

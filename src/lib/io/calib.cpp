@@ -6,8 +6,9 @@
 // loaded whole.
 #include "asap/calib.h"
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -67,18 +68,23 @@ int64_t first_nonfinite_example(const at::Tensor& t) {
 
 }  // namespace
 
-struct CalibFile::Impl {
-  explicit Impl(const H5::H5File& f) : file(f) {}
+namespace {
+
+// One HDF5 file of a calibration set.
+struct Part {
+  explicit Part(const std::string& p, const H5::H5File& f) : path(p), file(f) {}
+  std::string path;
   H5::H5File file;  // kept open for the reader's lifetime
   std::vector<std::string> names;  // in file order
   std::map<std::string, LayerMeta> layers;
 };
 
-CalibFile::CalibFile(const std::string& path) : path_(path) {
+// Opens and validates one file (metadata only).
+std::unique_ptr<Part> open_part(const std::string& path) {
   const std::string fd = file_desc(path);
   h5::Where root{fd, "/"};
-  impl_ = std::make_unique<Impl>(h5::open_file(path, root));
-  H5::H5File& f = impl_->file;
+  auto part = std::make_unique<Part>(path, h5::open_file(path, root));
+  H5::H5File& f = part->file;
 
   ASAP_CHECK(h5::has_attr(f, "format"), fd,
              " is not an asapc calibration file: root attribute 'format' is missing (expected '",
@@ -182,18 +188,12 @@ CalibFile::CalibFile(const std::string& path) : path_(path) {
                  "' (which has no mask of its own) needs [N, n] = [", m.info.N, ", ", m.info.n, "]");
     }
     m.info.has_mask = !m.mask.empty();
-    impl_->names.push_back(name);
-    impl_->layers.emplace(name, std::move(m));
+    part->names.push_back(name);
+    part->layers.emplace(name, std::move(m));
   }
+  return part;
 }
 
-CalibFile::~CalibFile() = default;
-
-std::vector<std::string> CalibFile::layer_names() const { return impl_->names; }
-
-bool CalibFile::has_layer(const std::string& name) const { return impl_->layers.count(name) != 0; }
-
-namespace {
 const LayerMeta& find_layer(const std::map<std::string, LayerMeta>& layers, const std::vector<std::string>& names,
                             const std::string& path, const std::string& layer) {
   auto it = layers.find(layer);
@@ -203,18 +203,14 @@ const LayerMeta& find_layer(const std::map<std::string, LayerMeta>& layers, cons
   if (names.size() > 12) have += asap::str(", ... (", names.size(), " in all)");
   throw Error(asap::str(file_desc(path), " has no layer '", layer, "'; it has: ", have));
 }
-}  // namespace
 
-CalibFile::LayerInfo CalibFile::info(const std::string& layer) const {
-  return find_layer(impl_->layers, impl_->names, path_, layer).info;
-}
-
-CalibBatch CalibFile::read(const std::string& layer, int64_t start, int64_t count) const {
-  const LayerMeta& m = find_layer(impl_->layers, impl_->names, path_, layer);
-  const std::string fd = file_desc(path_);
+// Examples [start, start + count) of one file's layer.
+CalibBatch read_part(const Part& part, const std::string& layer, int64_t start, int64_t count) {
+  const LayerMeta& m = find_layer(part.layers, part.names, part.path, layer);
+  const std::string fd = file_desc(part.path);
   ASAP_CHECK(start >= 0 && count >= 0 && start + count <= m.info.N, fd, ": layer '", layer,
              "': cannot read examples [", start, ", ", start + count, "); the layer has ", m.info.N);
-  H5::H5File& f = impl_->file;
+  H5::H5File f = part.file;
   auto load = [&](const std::string& obj, at::ScalarType dtype, const char* field) {
     h5::Where w{fd, obj};
     H5::DataSet ds = h5::guarded(w, "opening the dataset", [&] { return f.openDataSet(obj); });
@@ -252,6 +248,99 @@ CalibBatch CalibFile::read(const std::string& layer, int64_t start, int64_t coun
     }
     b.mask = raw.to(at::kBool);
   }
+  return b;
+}
+
+}  // namespace
+
+struct CalibFile::Impl {
+  std::vector<std::unique_ptr<Part>> parts;
+  std::map<std::string, CalibFile::LayerInfo> merged;  // N summed over the files
+};
+
+CalibFile::CalibFile(const std::string& path) : CalibFile(std::vector<std::string>{path}) {}
+
+CalibFile::CalibFile(const std::vector<std::string>& paths) : paths_(paths) {
+  ASAP_CHECK(!paths.empty(), "no calibration file given");
+  path_ = paths.size() == 1 ? paths[0] : str(paths[0], " ... ", paths.back(), " (", paths.size(), " files)");
+  impl_ = std::make_unique<Impl>();
+  for (const auto& p : paths) impl_->parts.push_back(open_part(p));
+  const Part& first = *impl_->parts[0];
+  for (const auto& name : first.names) impl_->merged[name] = first.layers.at(name).info;
+  for (size_t i = 1; i < impl_->parts.size(); ++i) {
+    const Part& p = *impl_->parts[i];
+    ASAP_CHECK(p.names.size() == first.names.size() &&
+                   std::is_permutation(p.names.begin(), p.names.end(), first.names.begin()),
+               file_desc(p.path), " holds other layers than ", file_desc(first.path),
+               "; every file of a calibration set must record the same layers");
+    for (const auto& name : first.names) {
+      const auto& a = first.layers.at(name).info;
+      const auto& b = p.layers.at(name).info;
+      auto same = [&](const char* field, int64_t x, int64_t y) {
+        ASAP_CHECK(x == y, file_desc(p.path), ": layer '", name, "' has ", field, " = ", y, " but ",
+                   file_desc(first.path), " has ", x, "; every file of a calibration set must agree");
+      };
+      same("projected", a.projected, b.projected);
+      same("n", a.n, b.n);
+      same("d_model", a.d_model, b.d_model);
+      same("heads", a.heads, b.heads);
+      same("head_dim", a.head_dim, b.head_dim);
+      same("has_v", a.has_v, b.has_v);
+      same("value_dim", a.value_dim, b.value_dim);
+      same("has_mask", a.has_mask, b.has_mask);
+      impl_->merged[name].N += b.N;
+    }
+  }
+}
+
+CalibFile::~CalibFile() = default;
+
+std::vector<std::string> CalibFile::layer_names() const { return impl_->parts[0]->names; }
+
+bool CalibFile::has_layer(const std::string& name) const { return impl_->merged.count(name) != 0; }
+
+CalibFile::LayerInfo CalibFile::info(const std::string& layer) const {
+  const Part& first = *impl_->parts[0];
+  find_layer(first.layers, first.names, path_, layer);  // the error when absent
+  return impl_->merged.at(layer);
+}
+
+std::vector<int64_t> CalibFile::examples_per_file(const std::string& layer) const {
+  std::vector<int64_t> out;
+  for (const auto& p : impl_->parts) out.push_back(find_layer(p->layers, p->names, p->path, layer).info.N);
+  return out;
+}
+
+CalibBatch CalibFile::read(const std::string& layer, int64_t start, int64_t count) const {
+  const LayerInfo li = info(layer);
+  ASAP_CHECK(start >= 0 && count >= 0 && start + count <= li.N, file_desc(path_), ": layer '", layer,
+             "': cannot read examples [", start, ", ", start + count, "); the layer has ", li.N);
+  if (impl_->parts.size() == 1) return read_part(*impl_->parts[0], layer, start, count);
+  std::vector<CalibBatch> got;
+  int64_t offset = 0;
+  for (const auto& p : impl_->parts) {
+    const int64_t N = p->layers.at(layer).info.N;
+    const int64_t a = std::max(start, offset), e = std::min(start + count, offset + N);
+    if (a < e) got.push_back(read_part(*p, layer, a - offset, e - a));
+    offset += N;
+  }
+  if (got.size() == 1) {
+    got[0].start = start;
+    return got[0];
+  }
+  auto cat = [&](at::Tensor CalibBatch::*f) {
+    if (!(got[0].*f).defined()) return at::Tensor();
+    std::vector<at::Tensor> ts;
+    for (auto& g : got) ts.push_back(g.*f);
+    return at::cat(ts, 0);
+  };
+  CalibBatch b;
+  b.start = start;
+  b.x = cat(&CalibBatch::x);
+  b.q = cat(&CalibBatch::q);
+  b.k = cat(&CalibBatch::k);
+  b.v = cat(&CalibBatch::v);
+  b.mask = cat(&CalibBatch::mask);
   return b;
 }
 

@@ -71,7 +71,10 @@ HeadBatch LayerStream::to_heads(CalibBatch b) const {
 }
 
 HeadBatch LayerStream::read(int64_t start, int64_t count) const {
-  return to_heads(calib_.read(spec_.name, start, count));
+  CalibBatch b = calib_.read(spec_.name, start - first_, count);
+  for (const at::Tensor* t : {&b.x, &b.q, &b.k, &b.v, &b.mask})
+    if (t->defined()) bytes_read_ += static_cast<int64_t>(t->nbytes());
+  return to_heads(std::move(b));
 }
 
 HeadBatch LayerStream::read_indices(const std::vector<int64_t>& idx) const {

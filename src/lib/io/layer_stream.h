@@ -30,7 +30,13 @@ class LayerStream {
   LayerStream(const CalibFile& calib, const LayerSpec& spec, LayerWeights weights, bool float64,
               int64_t max_examples = 0);
 
+  // Examples in this process's calibration files.
   int64_t num_examples() const { return N_; }
+  // The global index of this process's first example (asap/dist.h, Shards):
+  // read() and read_indices() take global indices. 0 in a single process.
+  void set_first_example(int64_t first) { first_ = first; }
+  // Bytes of calibration data read so far.
+  int64_t bytes_read() const { return bytes_read_; }
   int64_t seq_len() const { return n_; }
   const LayerWeights& weights() const { return w_; }
   HeadBatch read(int64_t start, int64_t count) const;
@@ -45,7 +51,8 @@ class LayerStream {
   LayerWeights w_;
   bool float64_;
   CalibFile::LayerInfo info_;
-  int64_t N_ = 0, n_ = 0;
+  int64_t N_ = 0, n_ = 0, first_ = 0;
+  mutable int64_t bytes_read_ = 0;
 };
 
 }  // namespace asap

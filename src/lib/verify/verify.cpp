@@ -10,6 +10,7 @@
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
+#include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/features.h"
 #include "asap/layer.h"
@@ -95,20 +96,24 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     const Convention conv = convention_of(s);
     LayerWeights w = s.layout == ProjLayout::kNone ? LayerWeights() : load_layer_weights(s, ck);
     LayerStream stream(data, s, w, opt.float64, 0);
-    std::vector<int64_t> idx;
-    for (int64_t e = 0; e < stream.num_examples(); ++e)
+    Communicator* comm = opt.comm.get();
+    const Shards sh = make_shards(comm, data, stream.num_examples(), 0);
+    stream.set_first_example(sh.readable_begin);
+    std::vector<int64_t> all;
+    for (int64_t e = 0; e < sh.total; ++e)
       if (!opt.example_filter || opt.example_filter(e)) {
-        idx.push_back(e);
-        if (opt.max_examples > 0 && static_cast<int64_t>(idx.size()) >= opt.max_examples) break;
+        all.push_back(e);
+        if (opt.max_examples > 0 && static_cast<int64_t>(all.size()) >= opt.max_examples) break;
       }
-    ASAP_CHECK(!idx.empty(), "data file '", data.path(), "': layer '", s.name, "' has no examples to verify on");
+    ASAP_CHECK(!all.empty(), "data file '", data.path(), "': layer '", s.name, "' has no examples to verify on");
+    const std::vector<int64_t> idx = sh.mine(all);  // this rank's share (all of them in one process)
 
     LayerVerification lv;
     lv.name = s.name;
     lv.T = s.T;
     lv.default_closures = is_asap_layer(*L) ? L->default_closures : 0;
     lv.default_operator = L->describe();
-    lv.examples = static_cast<int64_t>(idx.size());
+    lv.examples = static_cast<int64_t>(all.size());
     if (!L->fit_json.empty()) {
       lv.fit = json::parse(L->fit_json);
       lv.fit_time_s = lv.fit.value("fit_time_s", -1.0);
@@ -151,7 +156,7 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
         add(sink_acc[Tp - 1], r.A, r.O);
         if (L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps) add_heads(r.A);
       }
-      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(idx.size())});
+      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(all.size())});
       if (!is_asap) continue;
       // ASAP with k = 1..K closures from the predicted dual.
       auto S = scores(b.q, b.k, s.score_scale);
@@ -175,10 +180,26 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
         }
       }
     }
-    // Latencies on the first batch, from per-head q, k, v to head outputs.
+    if (comm) {  // one reduction of every accumulator and the per-head sums
+      std::vector<double> v;
+      teacher_acc.append_sums(v);
+      for (const auto& a : asap_acc) a.append_sums(v);
+      for (const auto& a : sink_acc) a.append_sums(v);
+      v.insert(v.end(), head_num.begin(), head_num.end());
+      v.push_back(head_terms);
+      comm->allreduce_sum(v);
+      size_t o = 0;
+      teacher_acc.load_sums(v, o);
+      for (auto& a : asap_acc) a.load_sums(v, o);
+      for (auto& a : sink_acc) a.load_sums(v, o);
+      for (auto& h : head_num) h = v[o++];
+      head_terms = v[o];
+    }
+    // Latencies on the first batch, from per-head q, k, v to head outputs
+    // (rank 0's, in a distributed verify).
     // Operators are timed round-robin so that load drift hits all alike.
     const auto& tb = timed;
-    res.timed_batch = tb.q.size(0);
+    res.timed_batch = tb.q.defined() ? tb.q.size(0) : 0;
     std::vector<std::function<void()>> fns;
     lv.operators.push_back({"teacher", s.T, s.T, L->kind == OperatorKind::kTeacher, true, teacher_acc.result(), -1});
     fns.push_back([&] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, s.T, conv, false); });
@@ -196,7 +217,7 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
                               (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
       fns.push_back([&, Tp] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, Tp, conv, false); });
     }
-    if (opt.time) {
+    if (opt.time && tb.q.defined() && (!comm || comm->rank() == 0)) {
       int repeats = opt.repeats;
       if (repeats <= 0) {  // about 50 ms of timing per operator, 5 to 41 rounds
         const auto t0 = std::chrono::steady_clock::now();

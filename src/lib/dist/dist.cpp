@@ -1,0 +1,180 @@
+// Where the process group is (flags, torchrun, SLURM) and which examples
+// each rank reads (asap/dist.h).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "asap/calib.h"
+#include "asap/checkpoint.h"
+#include "asap/dist.h"
+#include "asap/error.h"
+
+namespace asap {
+
+namespace {
+
+const char* env_of(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int int_of(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  long v = -1;
+  try {
+    v = std::stol(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  ASAP_CHECK(pos == text.size() && pos > 0 && v >= 0 && v <= 1 << 30, what, " should be a non-negative integer, found '",
+             text, "'");
+  return static_cast<int>(v);
+}
+
+int env_int(const char* name) { return int_of(env_of(name), str("environment variable ", name)); }
+
+// MASTER_ADDR and MASTER_PORT, which every launcher but the flags provides.
+void master_from_env(DistEnv& e, const std::string& who) {
+  const char* a = env_of("MASTER_ADDR");
+  const char* p = env_of("MASTER_PORT");
+  ASAP_CHECK(a && p, who, " gives RANK ", e.rank, " of WORLD_SIZE ", e.world_size, " but ", a ? "MASTER_PORT" : "MASTER_ADDR",
+             " is not set: it names the rendezvous host and port (docs/distributed.md)");
+  e.host = a;
+  e.port = env_int("MASTER_PORT");
+}
+
+void check_rank(const DistEnv& e, const std::string& who) {
+  ASAP_CHECK(e.world_size >= 1, who, ": the world size must be at least 1, found ", e.world_size);
+  ASAP_CHECK(e.rank >= 0 && e.rank < e.world_size, who, ": the rank must be in 0..", e.world_size - 1, ", found ",
+             e.rank);
+  ASAP_CHECK(e.world_size == 1 || (e.port >= 1 && e.port <= 65535), who, ": the port must be in 1..65535, found ",
+             e.port);
+}
+
+}  // namespace
+
+DistEnv resolve_dist_env(const DistOptions& opt) {
+  DistEnv e;
+  const bool flags = opt.rank >= 0 || opt.world_size >= 0;
+  if (!opt.init.empty() && opt.init != "env://") {
+    const std::string prefix = "tcp://";
+    ASAP_CHECK(opt.init.compare(0, prefix.size(), prefix) == 0,
+               "--dist-init must be tcp://HOST:PORT or env://, found '", opt.init, "'");
+    const std::string hp = opt.init.substr(prefix.size());
+    const auto colon = hp.rfind(':');
+    ASAP_CHECK(colon != std::string::npos && colon > 0, "--dist-init '", opt.init, "' has no port: expected tcp://HOST:PORT");
+    ASAP_CHECK(opt.rank >= 0 && opt.world_size >= 1, "--dist-init ", opt.init,
+               " needs --rank R and --world-size W (or use env:// under torchrun)");
+    e.host = hp.substr(0, colon);
+    if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']') e.host = e.host.substr(1, e.host.size() - 2);
+    e.port = int_of(hp.substr(colon + 1), str("the port of --dist-init '", opt.init, "'"));
+    e.rank = opt.rank;
+    e.world_size = opt.world_size;
+    e.source = "flags";
+    check_rank(e, "--dist-init");
+    return e;
+  }
+  ASAP_CHECK(!flags || opt.init == "env://", "--rank and --world-size need --dist-init tcp://HOST:PORT");
+  if (env_of("RANK") && env_of("WORLD_SIZE")) {
+    e.rank = env_int("RANK");
+    e.world_size = env_int("WORLD_SIZE");
+    e.local_rank = env_of("LOCAL_RANK") ? env_int("LOCAL_RANK") : 0;
+    e.source = env_of("TORCHELASTIC_RUN_ID") ? "torchrun" : "env";
+    if (e.world_size > 1) master_from_env(e, e.source == "torchrun" ? "torchrun" : "the environment");
+    if (const char* a = env_of("TORCHELASTIC_USE_AGENT_STORE"); a && std::string(a) == "True") {
+      e.agent_store = true;
+      e.store_prefix = str("/worker/attempt_", env_of("TORCHELASTIC_RESTART_COUNT") ? env_of("TORCHELASTIC_RESTART_COUNT") : "0");
+    }
+    check_rank(e, e.source);
+    return e;
+  }
+  ASAP_CHECK(opt.init != "env://", "--dist-init env:// needs RANK and WORLD_SIZE in the environment (torchrun sets them)");
+  // SLURM: srun sets the task's rank and count; the job script names the
+  // rendezvous with MASTER_ADDR / MASTER_PORT, which is what opts in.
+  if (env_of("SLURM_PROCID") && env_of("SLURM_NTASKS") && env_of("MASTER_ADDR") && env_of("MASTER_PORT")) {
+    e.rank = env_int("SLURM_PROCID");
+    e.world_size = env_int("SLURM_NTASKS");
+    e.local_rank = env_of("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : 0;
+    e.source = "slurm";
+    if (e.world_size > 1) master_from_env(e, "SLURM");
+    check_rank(e, "SLURM");
+    return e;
+  }
+  e.source = "none";
+  return e;
+}
+
+std::vector<int64_t> Shards::mine(const std::vector<int64_t>& global) const {
+  std::vector<int64_t> readable;
+  for (int64_t g : global)
+    if (g >= readable_begin && g < readable_end) readable.push_back(g);
+  const size_t n = readable.size(), a = n * static_cast<size_t>(group_rank) / static_cast<size_t>(group_size),
+               b = n * static_cast<size_t>(group_rank + 1) / static_cast<size_t>(group_size);
+  return std::vector<int64_t>(readable.begin() + static_cast<std::ptrdiff_t>(a),
+                              readable.begin() + static_cast<std::ptrdiff_t>(b));
+}
+
+Shards make_shards(Communicator* comm, const CalibFile& calib, int64_t local_n, int64_t max_examples) {
+  Shards sh;
+  if (!comm) {
+    sh.total = max_examples > 0 ? std::min(local_n, max_examples) : local_n;
+    sh.readable_end = sh.end = sh.total;
+    sh.examples_per_rank = {sh.total};
+    return sh;
+  }
+  const int W = comm->world_size(), R = comm->rank();
+  // Which files each rank holds (a digest of their names and sizes) and how many examples.
+  std::string names;
+  for (const auto& p : calib.paths()) names += p + '\n';
+  const std::string d = sha256_hex(names.data(), names.size());
+  std::vector<double> v(static_cast<size_t>(3 * W), 0.0);
+  v[3 * R] = static_cast<double>(std::stoul(d.substr(0, 6), nullptr, 16));
+  v[3 * R + 1] = static_cast<double>(std::stoul(d.substr(6, 6), nullptr, 16));
+  v[3 * R + 2] = static_cast<double>(local_n);
+  comm->allreduce_sum(v);
+  auto same = [&](int a, int b) { return v[3 * a] == v[3 * b] && v[3 * a + 1] == v[3 * b + 1]; };
+  // Groups of consecutive ranks with the same files, numbered in rank order.
+  std::vector<int64_t> group_begin(static_cast<size_t>(W)), group_n(static_cast<size_t>(W));
+  std::vector<int> first_of(static_cast<size_t>(W)), size_of(static_cast<size_t>(W));
+  int64_t offset = 0;
+  for (int r = 0; r < W;) {
+    int e = r + 1;
+    while (e < W && same(r, e)) ++e;
+    for (int later = e; later < W; ++later)
+      ASAP_CHECK(!same(r, later), "ranks ", r, " and ", later, " were given the same calibration files but rank ", e,
+                 " others: ranks that share files must be consecutive (docs/distributed.md)");
+    ASAP_CHECK(v[3 * r + 2] == v[3 * (e - 1) + 2], "ranks ", r, " and ", e - 1,
+               " were given the same calibration files but see different example counts");
+    for (int x = r; x < e; ++x) {
+      group_begin[x] = offset;
+      group_n[x] = static_cast<int64_t>(v[3 * r + 2]);
+      first_of[x] = r;
+      size_of[x] = e - r;
+    }
+    offset += static_cast<int64_t>(v[3 * r + 2]);
+    r = e;
+  }
+  sh.total = max_examples > 0 ? std::min(offset, max_examples) : offset;
+  for (int r = 0; r < W; ++r) {
+    const int64_t rb = std::min(group_begin[r], sh.total), re = std::min(group_begin[r] + group_n[r], sh.total);
+    const int gr = r - first_of[r], gs = size_of[r];
+    const int64_t b = rb + (re - rb) * gr / gs, e = rb + (re - rb) * (gr + 1) / gs;
+    sh.examples_per_rank.push_back(e - b);
+    if (r == R) {
+      sh.readable_begin = rb;
+      sh.readable_end = re;
+      sh.group_rank = gr;
+      sh.group_size = gs;
+      sh.begin = b;
+      sh.end = e;
+    }
+  }
+  return sh;
+}
+
+void sum_over_ranks(Communicator* comm, std::vector<double>& v) {
+  if (comm) comm->allreduce_sum(v);
+}
+
+}  // namespace asap
