@@ -427,3 +427,46 @@ TEST_CASE("calib: write_calib replaces an existing file and cleans up after a fa
   asap::write_calib(path, {half});
   CHECK((asap::CalibFile(path).read("half", 0, 8).x.scalar_type() == at::kFloat));
 }
+
+TEST_CASE("calib: a set of files reads as one, numbered through in order") {
+  TempDir tmp;
+  Sample s = make_sample(200, 6);
+  asap::write_calib(tmp.file("whole.h5"), s.layers, s.shared);
+  // The same examples as three files of 70, 1 and 129.
+  const std::vector<std::pair<int64_t, int64_t>> parts{{0, 70}, {70, 71}, {71, 200}};
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::vector<asap::CalibLayerData> ls = s.layers;
+    for (auto& l : ls)
+      for (at::Tensor* t : {&l.x, &l.q, &l.k, &l.v, &l.mask})
+        if (t->defined()) *t = t->slice(0, parts[i].first, parts[i].second);
+    paths.push_back(tmp.file("part" + std::to_string(i) + ".h5"));
+    asap::write_calib(paths.back(), ls, s.shared.slice(0, parts[i].first, parts[i].second));
+  }
+  asap::CalibFile whole(tmp.file("whole.h5")), set(paths);
+  CHECK(set.paths() == paths);
+  CHECK(set.examples_per_file("adapter.attn") == std::vector<int64_t>{70, 1, 129});
+  for (const std::string layer : {"blocks.0.attn", "blocks.1.attn", "adapter.attn"}) {
+    CHECK(set.info(layer).N == 200);
+    for (auto [start, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 200}, {65, 10}, {70, 1}, {69, 3}, {150, 50}}) {
+      CAPTURE(start);
+      auto a = whole.read(layer, start, count), b = set.read(layer, start, count);
+      CHECK(b.start == start);
+      for (auto f : {&asap::CalibBatch::x, &asap::CalibBatch::q, &asap::CalibBatch::v, &asap::CalibBatch::mask}) {
+        REQUIRE((a.*f).defined() == (b.*f).defined());
+        if ((a.*f).defined()) CHECK(same(a.*f, b.*f));
+      }
+    }
+  }
+  CHECK(contains(error_of([&] { set.read("adapter.attn", 190, 20); }), "cannot read examples [190, 210)"));
+
+  // Files that disagree on anything but N are refused, naming the file and field.
+  Sample other = make_sample(20, 5);
+  asap::write_calib(tmp.file("other.h5"), other.layers, other.shared);
+  std::string msg = error_of([&] { asap::CalibFile bad({paths[0], tmp.file("other.h5")}); });
+  CHECK(contains(msg, "calibration file '" + tmp.file("other.h5") + "': layer '"));
+  CHECK(contains(msg, "has n = 5 but calibration file '" + paths[0] + "' has 6"));
+  std::vector<asap::CalibLayerData> fewer{s.layers[0]};
+  asap::write_calib(tmp.file("fewer.h5"), fewer);
+  CHECK(contains(error_of([&] { asap::CalibFile bad({paths[0], tmp.file("fewer.h5")}); }), "holds other layers than"));
+}

@@ -1,0 +1,249 @@
+"""Distributed compile and verify over loopback (docs/distributed.md).
+
+Compiles the bundled teacher with 2 and 3 processes, under torchrun and with
+explicit flags, and checks each artifact against the single-process one;
+kills a rank mid-compile; starts ranks with mismatched options; verifies with
+2 processes. Latency is kept out of the choice with --objective fidelity.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Skip, run, test  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ASAPC = os.environ.get("ASAPC", os.path.join(ROOT, "build", "asapc"))
+NAME = os.path.join(ROOT, "calib_data", "vit_mnist_t6")
+TORCHRUN = shutil.which("torchrun") or "/usr/bin/torchrun"
+# 256 examples (51 held out) keep each compile to seconds; --no-report except
+# where the report is the point.
+COMMON = ["--spec", NAME + ".spec.json", "--objective", "fidelity", "--max-examples", "256", "-q"]
+TMP = tempfile.mkdtemp(prefix="asapc-dist-")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_without_launchers(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "SLURM_PROCID")}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def compile_args(out, calib=None, extra=()):
+    calib = calib or [NAME + ".calib.h5"]
+    return [ASAPC, "compile", NAME + ".pt", "--calib", *calib, "-o", out, *COMMON, *extra]
+
+
+def start_ranks(argv_of_rank, world, env=None, port=None):
+    """Starts `world` processes with --dist-init tcp:// flags; returns (procs, port)."""
+    port = port or free_port()
+    procs = []
+    for r in range(world):
+        argv = argv_of_rank(r) + ["--dist-init", "tcp://127.0.0.1:%d" % port, "--rank", str(r),
+                                  "--world-size", str(world)]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env or env_without_launchers()))
+    return procs
+
+
+def finish(procs, timeout=600):
+    out = []
+    for p in procs:
+        so, se = p.communicate(timeout=timeout)
+        out.append((p.returncode, so, se))
+    return out
+
+
+def layers_of(path):
+    """Per layer: (operator description, coefficients) of an artifact."""
+    res = {}
+    with h5py.File(path, "r") as f:
+        for key in sorted(f["layers"]):
+            g = f["layers"][key]
+            fit = json.loads(g["fit_json"][()].decode() if hasattr(g["fit_json"][()], "decode") else g["fit_json"][()])
+            res[fit["layer"]] = (fit["chosen"]["description"], np.asarray(g["coef"][()], dtype=np.float64))
+    return res
+
+
+_single = {}
+
+
+def single_process_artifact():
+    if "path" not in _single:
+        out = os.path.join(TMP, "single.asap.h5")
+        p = subprocess.run(compile_args(out, extra=["--no-report"]), capture_output=True, text=True,
+                           env=env_without_launchers())
+        assert p.returncode == 0, p.stderr
+        _single["path"] = out
+    return _single["path"]
+
+
+def assert_same_artifact(path, ref):
+    a, b = layers_of(path), layers_of(ref)
+    assert a.keys() == b.keys(), (a.keys(), b.keys())
+    for name in a:
+        assert a[name][0] == b[name][0], "%s: operator %s, single process %s" % (name, a[name][0], b[name][0])
+        ca, cb = a[name][1], b[name][1]
+        assert ca.shape == cb.shape, (name, ca.shape, cb.shape)
+        rel = np.abs(ca - cb).max() / max(np.abs(cb).max(), 1e-300)
+        assert rel <= 1e-5, "%s: coefficients differ by %.3g relative" % (name, rel)
+
+
+@test
+def three_processes_with_flags_match_one():
+    ref = single_process_artifact()
+    out = os.path.join(TMP, "flags3.asap.h5")
+    res = finish(start_ranks(lambda r: compile_args(out, extra=["--no-report"]), 3))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc == 0, "rank %d exit %d: %s" % (rank, rc, err)
+    assert_same_artifact(out, ref)
+
+
+@test
+def two_processes_under_torchrun_match_one():
+    if not os.path.exists(TORCHRUN):
+        raise Skip("torchrun not installed (Debian's python3-torch ships it)")
+    ref = single_process_artifact()
+    out = os.path.join(TMP, "torchrun2.asap.h5")
+    # Debian's torchrun 1.13 on Python 3.11 needs --redirects/--tee other than 0.
+    argv = [TORCHRUN, "--no_python", "--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
+            "--redirects", "2", "--tee", "2", *compile_args(out, extra=["--json"])]
+    p = subprocess.run(argv, capture_output=True, text=True, env=env_without_launchers(), timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert_same_artifact(out, ref)
+    # The summary of rank 0 records the group.
+    summary = json.loads(p.stdout[p.stdout.index("{"):p.stdout.rindex("}") + 1])
+    assert summary["distributed"]["world_size"] == 2
+    assert summary["distributed"]["bytes_reduced"] > 0
+    for layer in summary["layers"]:
+        assert sum(layer["examples_per_rank"]) == layer["examples"] == 256
+
+
+def split_calib(paths, sizes):
+    """Writes the first sum(sizes) examples of the bundled calibration file as len(sizes) files."""
+    with h5py.File(NAME + ".calib.h5", "r") as src:
+        start = 0
+        for path, n in zip(paths, sizes):
+            with h5py.File(path, "w") as dst:
+                for k, v in src.attrs.items():
+                    dst.attrs[k] = v
+
+                def copy(name, obj, start=start, n=n):
+                    if isinstance(obj, h5py.Dataset):
+                        dst.create_dataset(name, data=obj[start:start + n])
+                    else:
+                        g = dst.require_group(name)
+                        for k, v in obj.attrs.items():
+                            g.attrs[k] = v
+                src.visititems(copy)
+            start += n
+
+
+@test
+def local_shards_match_one_file():
+    """Ranks given different files (machines with local shards) number the
+    examples in rank order; a set of files in one process does the same."""
+    ref = single_process_artifact()
+    parts = [os.path.join(TMP, "part%d.h5" % i) for i in range(3)]
+    split_calib(parts, [100, 56, 100])
+    one = os.path.join(TMP, "set1.asap.h5")
+    p = subprocess.run(compile_args(one, calib=[os.path.join(TMP, "part*.h5")], extra=["--no-report"]),
+                       capture_output=True, text=True, env=env_without_launchers())
+    assert p.returncode == 0, p.stderr
+    assert_same_artifact(one, ref)
+    out = os.path.join(TMP, "shards2.asap.h5")
+    files = {0: parts[:2], 1: parts[2:]}
+    res = finish(start_ranks(lambda r: compile_args(out, calib=files[r], extra=["--no-report"]), 2))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc == 0, "rank %d exit %d: %s" % (rank, rc, err)
+    assert_same_artifact(out, ref)
+
+
+@test
+def killed_rank_stops_every_rank():
+    out = os.path.join(TMP, "killed.asap.h5")
+    timeout = 30
+    env = env_without_launchers(ASAP_TEST_BATCH_DELAY_MS="400")  # statistics take ~4 s per rank
+    procs = start_ranks(lambda r: compile_args(out, extra=["--dist-timeout", str(timeout)]), 3, env=env)
+    time.sleep(3)
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    for r in (0, 2):
+        _, err = procs[r].communicate(timeout=timeout + 30)
+        assert procs[r].returncode not in (0, None), "rank %d exited 0 after rank 1 was killed" % r
+        assert "rank 1 " in err and "stopped" in err, "rank %d: %s" % (r, err)
+        assert err.count("asapc: error:") == 1, err
+    assert time.time() - t0 < timeout, "the others took %.0f s to stop" % (time.time() - t0)
+    procs[1].wait()
+    assert not os.path.exists(out), "an artifact was written"
+    assert not [f for f in os.listdir(TMP) if f.startswith("killed.asap.h5")], os.listdir(TMP)
+
+
+@test
+def mismatched_options_are_refused():
+    out = os.path.join(TMP, "mismatch.asap.h5")
+    res = finish(start_ranks(lambda r: compile_args(out, extra=["--seed", "7"] if r == 1 else []), 2))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc != 0, "rank %d accepted mismatched options" % rank
+        assert "rank 1 was started with compile option seed = 7 but rank 0 with 1234" in err, err
+    assert not os.path.exists(out)
+
+
+@test
+def unreadable_file_on_one_rank_stops_every_rank():
+    out = os.path.join(TMP, "missing.asap.h5")
+    missing = os.path.join(TMP, "no-such-file.h5")
+    res = finish(start_ranks(lambda r: compile_args(out, calib=[missing] if r == 1 else None), 2))
+    assert res[1][0] != 0 and "no-such-file.h5" in res[1][2], res[1]
+    assert res[0][0] != 0, "rank 0 exited 0"
+    assert "rank 1 stopped" in res[0][2] and "no-such-file.h5" in res[0][2], res[0][2]
+    assert not os.path.exists(out)
+
+
+@test
+def verify_with_two_processes_matches_one():
+    art = single_process_artifact()
+    base = [ASAPC, "verify", NAME + ".pt", "--artifact", art, "--data", NAME + ".heldout.h5", "--max-examples", "96",
+            "--no-timing", "--json", "-q"]
+    p = subprocess.run(base + ["--json-out", os.path.join(TMP, "v1.json"), "--report", os.path.join(TMP, "v1.html")],
+                       capture_output=True, text=True, env=env_without_launchers())
+    assert p.returncode == 0, p.stderr
+    one = json.loads(p.stdout)
+    res = finish(start_ranks(lambda r: base + ["--json-out", os.path.join(TMP, "v2.json"),
+                                               "--report", os.path.join(TMP, "v2.html")], 2))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc == 0, "rank %d exit %d: %s" % (rank, rc, err)
+    assert res[1][1].strip() == "", "rank 1 printed: " + res[1][1][:200]
+    two = json.loads(res[0][1])
+    for la, lb in zip(one["layers"], two["layers"]):
+        assert la["examples"] == lb["examples"] == 96
+        for oa, ob in zip(la["operators"], lb["operators"]):
+            for key, va in oa["metrics"].items():
+                vb = ob["metrics"][key]
+                assert abs(va - vb) <= 1e-6 * max(1.0, abs(va)), (la["name"], oa["kind"], oa["steps"], key, va, vb)
+
+
+if __name__ == "__main__":
+    if not os.path.exists(ASAPC):
+        print("skip: %s not built" % ASAPC)
+        sys.exit(0)
+    try:
+        sys.exit(run(sys.argv[1:]))
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
