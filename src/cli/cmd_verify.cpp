@@ -46,6 +46,30 @@ std::function<bool(int64_t)> split_filter(const asap::Artifact& art, const std::
   return [seed, frac, want](int64_t e) { return asap::in_heldout_split(seed, frac, e) == want; };
 }
 
+// Every rank must verify the same artifacts against the same checkpoint with
+// the same options: compared at start-up, naming the first field that differs.
+void check_same_start(asap::Communicator& comm, const VerifyArgs& a, const std::string& ckpt_sha) {
+  nlohmann::json arts = nlohmann::json::array();
+  arts.push_back(asap::sha256_file(a.artifact));
+  for (const auto& p : a.compare) arts.push_back(asap::sha256_file(p));
+  const auto& o = a.opt;
+  const nlohmann::json mine{{"checkpoint (SHA-256)", ckpt_sha},
+                            {"artifacts (SHA-256)", arts},
+                            {"verify options",
+                             {{"max_closures", o.max_closures}, {"batch_size", o.batch_size},
+                              {"max_examples", o.max_examples}, {"float64", o.float64}, {"layers", o.layers},
+                              {"split", a.split}, {"timing", o.time}, {"force", a.force}}}};
+  const auto all = comm.allgather(mine.dump());
+  const auto root = nlohmann::json::parse(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const auto other = nlohmann::json::parse(all[r]);
+    for (const auto& [field, value] : root.items())
+      ASAP_CHECK(other.value(field, nlohmann::json()) == value, "rank ", r, " was started with other ", field,
+                 " than rank 0: every rank must verify the same artifacts against the same checkpoint with the "
+                 "same options");
+  }
+}
+
 }  // namespace
 
 void add_verify(CLI::App& app, std::function<int()>& run) {
@@ -90,6 +114,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
       set_rank_threads(a->threads, comm);
       const bool lead = !comm || comm->rank() == 0;
       auto ck = asap::load_checkpoint(a->checkpoint);
+      if (comm) check_same_start(*comm, *a, ck.sha256);
       asap::CalibFile data(files);
       Progress bar(a->quiet || !lead);
       GroupProgress progress(bar, comm);

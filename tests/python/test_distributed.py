@@ -239,6 +239,17 @@ def verify_with_two_processes_matches_one():
                 assert abs(va - vb) <= 1e-6 * max(1.0, abs(va)), (la["name"], oa["kind"], oa["steps"], key, va, vb)
 
 
+@test
+def verify_refuses_mismatched_options():
+    art = single_process_artifact()
+    base = [ASAPC, "verify", NAME + ".pt", "--artifact", art, "--data", NAME + ".heldout.h5", "--max-examples", "32",
+            "--no-timing", "-q", "--json-out", os.path.join(TMP, "vm.json"), "--report", os.path.join(TMP, "vm.html")]
+    res = finish(start_ranks(lambda r: base + (["--max-closures", "2"] if r == 1 else []), 2))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc != 0, "rank %d accepted mismatched options" % rank
+        assert "rank 1 was started with other verify options than rank 0" in err, err
+
+
 if __name__ == "__main__":
     if not os.path.exists(ASAPC):
         print("skip: %s not built" % ASAPC)
