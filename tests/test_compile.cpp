@@ -472,3 +472,43 @@ TEST_CASE("compile: a compile killed between writing and renaming leaves the old
   CHECK(run_cmd(cmd.substr(cmd.find(' ') + 1), &out) == 0);
   CHECK(asap::read_artifact(dir / "out.h5").layers.size() == 2);
 }
+
+TEST_CASE("compile: an example whose scores overflow is named and refused, or excluded under --skip-bad-examples") {
+  TempDir dir;
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  auto compile = [&](const std::string& calib, bool skip) {
+    asap::CompileOptions o;
+    o.slice_bank = 8;
+    o.objective = asap::Objective::kFidelity;
+    o.skip_bad_examples = skip;
+    return asap::compile_teacher(vit_checkpoint(), dir / "spec.json", calib, o);
+  };
+  // The same 60 examples, then with example 7 scaled to 1e30 (finite, but its scores overflow).
+  write_vit_calib(dir / "good.h5", 60, 1);
+  at::manual_seed(1);
+  std::vector<asap::CalibLayerData> layers;
+  for (const char* name : {"transformer.layers.0.0.fn", "transformer.layers.1.0.fn"}) {
+    asap::CalibLayerData d;
+    d.name = name;
+    d.x = at::randn({60, 17, 32});
+    layers.push_back(d);
+  }
+  layers[0].x[7] = layers[0].x[7] * 1e30f;
+  asap::write_calib(dir / "bad.h5", layers);
+
+  const std::string msg = error_of([&] { compile(dir / "bad.h5", false); });
+  CHECK(msg.find("layer 'transformer.layers.0.0.fn' example 7 has activations up to") != std::string::npos);
+  CHECK(msg.find("--skip-bad-examples") != std::string::npos);
+
+  auto good = compile(dir / "good.h5", false);
+  auto skipped = compile(dir / "bad.h5", true);
+  const auto& s0 = skipped.summary["layers"][0];
+  CHECK(s0["excluded_examples"] == std::vector<int64_t>{7});
+  CHECK(skipped.summary["layers"][1]["excluded_examples"].empty());
+  CHECK(s0["train_examples"].get<int64_t>() + s0["heldout_examples"].get<int64_t>() == 59);
+  // Without the example, layer 0 is fitted as well as on clean data: no silent degradation.
+  const double e_good = good.summary["layers"][0]["chosen"]["heldout_attention_error"];
+  const double e_skip = s0["chosen"]["heldout_attention_error"];
+  CHECK(std::isfinite(e_skip));
+  CHECK(e_skip < 1.5 * e_good + 1e-3);
+}

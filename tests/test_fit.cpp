@@ -2,6 +2,9 @@
 // section 6) against the golden fit case and direct computations.
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <limits>
+
 #include "asap/features.h"
 #include "asap/fit.h"
 #include "asap/teacher.h"
@@ -101,6 +104,15 @@ TEST_CASE("fit: held-out MSE from statistics equals the direct computation; ridg
   auto choice = asap::choose_ridge(tr, va, cols, true, grid);
   CHECK(choice.lambda == best_lam);
   CHECK(choice.heldout_mse == doctest::Approx(best).epsilon(1e-9));
+
+  // Held-out statistics holding a NaN give no comparable ridge: the choice
+  // says NaN (compile then names the candidate) instead of +inf.
+  asap::LsStats bad = va;
+  bad.c = bad.c.clone();
+  bad.c[0] = std::numeric_limits<double>::quiet_NaN();
+  bad.G = bad.G.clone();
+  bad.G[0][0][0] = std::numeric_limits<double>::quiet_NaN();
+  CHECK(std::isnan(asap::choose_ridge(tr, bad, cols, true, grid).heldout_mse));
 }
 
 TEST_CASE("fit: per-head coefficients recover distinct per-head maps") {

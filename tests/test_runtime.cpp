@@ -2,6 +2,7 @@
 // thread safety, and input checks.
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <thread>
 
 #include "asap/error.h"
@@ -122,5 +123,42 @@ TEST_CASE("runtime: float16 and bfloat16 inputs run in float32 and come back in 
     auto tw = asap::run_teacher(qh.to(at::kFloat), kh.to(at::kFloat), vh.to(at::kFloat), at::Tensor(),
                                 L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);
     CHECK(at::equal(t.O, tw.O.to(dt)));
+  }
+}
+
+TEST_CASE("runtime: a NaN or infinity in q, k or v makes that head's output NaN, other heads are untouched") {
+  auto j = load_json("operator.json");
+  asap::Artifact art;
+  art.layers.push_back(golden_layer(j["cases"][0]));
+  asap::CompiledLayer sink = art.layers[0];  // the same layer stored as plain Sinkhorn T' = 3
+  sink.spec.name = "sink";
+  sink.kind = asap::OperatorKind::kSinkhorn;
+  sink.sinkhorn_steps = 3;
+  art.layers.push_back(sink);
+  const asap::CompiledModel model(art, "x.h5");
+  at::manual_seed(5);
+  // Three examples of one head each: the bad value sits in example 1 only.
+  auto q = at::randn({3, 1, 8, 4}), k = at::randn({3, 1, 8, 4}), v = at::randn({3, 1, 8, 4});
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const std::string layer : {"golden", "sink"}) {
+    for (int which = 0; which < 3; ++which) {
+      for (float bad : {nan, inf, -inf}) {
+        CAPTURE(layer);
+        CAPTURE(which);
+        CAPTURE(bad);
+        auto qb = q.clone(), kb = k.clone(), vb = v.clone();
+        (which == 0 ? qb : which == 1 ? kb : vb)[1][0][3][2] = bad;
+        asap::RunOptions ro;
+        ro.return_attention = true;
+        auto clean = model.attend(layer, q, k, v, at::Tensor(), ro);
+        auto r = model.attend(layer, qb, kb, vb, at::Tensor(), ro);
+        CHECK(r.out[1].isnan().all().item<bool>());
+        CHECK(r.attention[1].isnan().all().item<bool>());
+        for (int e : {0, 2}) {
+          CHECK(at::equal(r.out[e], clean.out[e]));
+          CHECK(at::equal(r.attention[e], clean.attention[e]));
+        }
+      }
+    }
   }
 }

@@ -111,6 +111,7 @@ struct CompileOptions {
   int kl_max_iters = 20;                   // Newton iterations
   double kl_cache_mb = 512;                // memory budget for caching KL features
   bool float64 = false;                    // run teacher and features in float64
+  bool skip_bad_examples = false;          // exclude examples whose scores overflow (warning) instead of refusing
   // Set: this process is one rank of a distributed compile (asap/dist.h).
   // Every rank must call compile_teacher with the same options; each
   // streams its share, sums are reduced, rank 0 measures latency and

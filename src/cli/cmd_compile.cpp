@@ -170,6 +170,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--seed", o.seed, "seed of the slice bank and the split")->capture_default_str();
   c->add_option("--max-examples", o.max_examples, "use only the first N calibration examples");
   c->add_flag("--float64", o.float64, "run teacher and features in float64 (default: float32)");
+  c->add_flag("--skip-bad-examples", o.skip_bad_examples,
+              "exclude calibration examples whose attention scores overflow, with a warning (default: refuse them)");
   c->add_option("--report", a->report, "HTML fidelity report on the held-out split (default: OUTPUT stem + .report.html)");
   c->add_option("--report-json", a->report_json, "its JSON (default: OUTPUT stem + .report.json)");
   c->add_flag("--no-report", a->no_report, "skip the fidelity report");

@@ -1,5 +1,6 @@
 #include "compile_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -41,8 +42,16 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
     vo.batch_size = opt.batch_size;
     vo.float64 = opt.float64;
     vo.max_examples = 0;
-    vo.example_filter = [&opt](int64_t e) {
-      return (opt.max_examples <= 0 || e < opt.max_examples) && asap::in_heldout_split(opt.seed, opt.heldout_fraction, e);
+    // Examples compile excluded (--skip-bad-examples) stay out of the report too.
+    std::vector<int64_t> excluded;
+    for (const auto& l : art.layers)
+      if (!l.fit_json.empty())
+        for (int64_t e : nlohmann::json::parse(l.fit_json).value("excluded_examples", std::vector<int64_t>{}))
+          excluded.push_back(e);
+    std::sort(excluded.begin(), excluded.end());
+    vo.example_filter = [&opt, excluded](int64_t e) {
+      return (opt.max_examples <= 0 || e < opt.max_examples) && asap::in_heldout_split(opt.seed, opt.heldout_fraction, e) &&
+             !std::binary_search(excluded.begin(), excluded.end(), e);
     };
     vo.progress = progress;
     vo.comm = opt.comm;

@@ -139,9 +139,11 @@ std::vector<int> closures_to_evaluate(const std::vector<Fit>& fits, const LayerS
 }
 
 // Every operator the choice may pick: the teacher, Sinkhorn T' < T, each
-// fit with k closures.
+// fit with k closures. Candidates whose held-out error is NaN cannot be
+// compared; they are left out and named in `dropped`.
 std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std::vector<Fit>& fits,
-                                                   const HeldoutErrors& he, const CompileOptions& opt) {
+                                                   const HeldoutErrors& he, const CompileOptions& opt,
+                                                   std::vector<std::string>& dropped) {
   std::vector<OperatorCandidate> c;
   OperatorCandidate t;
   t.op.kind = OperatorKind::kTeacher;
@@ -168,7 +170,10 @@ std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std
       x.fit = static_cast<int>(i);
       x.name = fits[i].name() + " k=" + std::to_string(k);
       x.error = fits[i].error_by_k[k - 1];
-      if (!std::isfinite(x.error)) continue;  // a NaN error cannot be compared: never chosen
+      if (std::isnan(x.error)) {
+        dropped.push_back(x.name);
+        continue;
+      }
       c.push_back(x);
     }
   return c;
@@ -275,7 +280,8 @@ json compile_options_json(const CompileOptions& opt) {
               {"kl_ridge", opt.kl_ridge},
               {"kl_max_iters", opt.kl_max_iters},
               {"kl_cache_mb", opt.kl_cache_mb},
-              {"float64", opt.float64}};
+              {"float64", opt.float64},
+              {"skip_bad_examples", opt.skip_bad_examples}};
 }
 
 CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path, const std::string& calib_path,
@@ -343,6 +349,13 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
                "' left no training examples (", sh.total, " examples, held-out fraction ",
                opt.heldout_fraction, ")");
+    if (!st.excluded.empty() && opt.warn) {
+      std::string list;
+      for (size_t i = 0; i < st.excluded.size() && i < 10; ++i) list += (i ? ", " : "") + std::to_string(st.excluded[i]);
+      if (st.excluded.size() > 10) list += ", ...";
+      opt.warn(str("layer '", s.name, "': excluded ", st.excluded.size(), " calibration example(s) whose attention "
+                   "scores overflow (--skip-bad-examples): ", list));
+    }
     const bool can_select = st.n_held >= opt.min_heldout;
     if (!can_select && opt.warn)
       opt.warn(str("layer '", s.name, "': only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
@@ -351,6 +364,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     // 2. Candidate fits.
     auto t = Clock::now();
     FitTable ft = fit_candidates(st, widest, setup.candidates, setup.slice_counts, setup.grid, opt, can_select);
+    if (!ft.nan_fits.empty() && opt.warn)
+      opt.warn(str("layer '", s.name, "': ", ft.nan_fits.size(), " candidate fit(s) have a NaN held-out dual error and "
+                   "are not considered, e.g. ", ft.nan_fits.front()));
     ASAP_CHECK(!ft.fits.empty(), "layer '", s.name, "': every candidate fit has a NaN held-out error, so there is no "
                "map to choose (check the calibration data for extreme values)");
     times.solve = seconds_since(t);
@@ -365,7 +381,13 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
 
     // 4 + 5. Latency (lazily, inside the choice) and the choice.
     t = Clock::now();
-    std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt);
+    std::vector<std::string> dropped;
+    std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt, dropped);
+    if (!dropped.empty() && opt.warn)
+      opt.warn(str("layer '", s.name, "': ", dropped.size(), " candidate operator(s) have a NaN held-out attention error "
+                   "and are not considered, e.g. ", dropped.front()));
+    bool any_asap = false;
+    for (const auto& c : cands) any_asap |= c.op.kind == OperatorKind::kAsap;
     Choice ch;
     json latency_source;
     // Latency describes the deployment machine: measured once, on rank 0,
@@ -419,8 +441,10 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     } else {  // no held-out data (or nothing within the budget): the documented default
       fit_index = default_fit(ft.fits);
       closures = opt.closures > 0 ? opt.closures : default_closures_within(s, ft.fits[fit_index].family, budget);
-      ch.decision = can_select ? "no ASAP map fits the pass budget: the documented default map"
-                               : "too few held-out examples to choose: the documented default map";
+      ch.decision = !can_select ? "too few held-out examples to choose: the documented default map"
+                    : !any_asap ? "every ASAP candidate's held-out error is NaN, so none could be chosen on data: the "
+                                  "documented default map"
+                                : "no ASAP map fits the pass budget: the documented default map";
     }
     json kl_diag;
     if (cl.kind == OperatorKind::kAsap) {
@@ -440,6 +464,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         ko.progress = opt.progress;
         ko.comm = comm;
         auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
+        ko.usable = [&](int64_t e) { return st.usable(e); };
         auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
         cl.coef = kl.coef;
         kl_diag = kl.diagnostics;
@@ -482,11 +507,13 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                  {"ending", s.T % 2 == 0 ? "column" : "row"},
                  {"examples", sh.total},
                  {"examples_per_rank", sh.examples_per_rank},
+                 {"excluded_examples", st.excluded},
                  {"train_examples", st.train.examples},
                  {"heldout_examples", st.n_held},
                  {"selection_examples", he.examples},
                  {"rows_used", static_cast<int64_t>(st.train.R.sum().item<double>())},
-                 {"data_driven_selection", can_select},
+                 {"data_driven_selection", can_select && ch.index >= 0},
+                 {"candidates_with_nan_error", dropped},
                  {"objective", objective},
                  {"pass_budget", budget},
                  {"decision", ch.decision},

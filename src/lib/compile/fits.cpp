@@ -77,6 +77,7 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       }
       row["ridge"] = f.lambda;
       row["heldout_dual_mse"] = f.dual_mse;
+      if (can_select && std::isnan(f.dual_mse)) out.nan_fits.push_back(f.name());
       // Nested prefixes: a larger one must beat every smaller one by 1% to
       // be worth its latency. Without held-out data only the largest is kept.
       bool keep;

@@ -228,7 +228,8 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
              bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
              const KlOptions& opt) {
   std::vector<int64_t> tr, he;
-  for (int64_t e = 0; e < sh.total; ++e) (is_heldout(e) ? he : tr).push_back(e);
+  for (int64_t e = 0; e < sh.total; ++e)
+    if (!opt.usable || opt.usable(e)) (is_heldout(e) ? he : tr).push_back(e);
   const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
   SplitSource train(stream, s, theta, family, sh.mine(tr), opt.batch_size, opt.cache_mb);
   SplitSource held(stream, s, theta, family, sh.mine(he), opt.batch_size, opt.cache_mb);

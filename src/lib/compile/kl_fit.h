@@ -79,6 +79,7 @@ struct KlOptions {
   int64_t min_heldout = 8;
   std::function<void(const ProgressEvent&)> progress;
   Communicator* comm = nullptr;  // distributed: this rank's share, sums reduced
+  std::function<bool(int64_t)> usable;  // examples to use (default: all)
 };
 struct KlFit {
   at::Tensor coef;

@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,6 +34,11 @@ struct Statistics {
   LsStats train, held;
   int64_t n_held = 0;
   std::vector<int64_t> held_idx;  // calibration indices of the held-out examples, increasing
+  // Examples whose teacher dual or features are not finite (scores that
+  // overflow), excluded under --skip-bad-examples (else compile refuses
+  // them); global indices, increasing, over every rank.
+  std::vector<int64_t> excluded;
+  bool usable(int64_t e) const { return !std::binary_search(excluded.begin(), excluded.end(), e); }
 };
 // Each rank streams its share and the sums are reduced over ranks, so every
 // rank ends with the statistics of all examples.
@@ -60,6 +66,7 @@ struct Fit {
 struct FitTable {
   std::vector<Fit> fits;
   nlohmann::json slice_tables = nlohmann::json::array();  // per candidate: every prefix tried
+  std::vector<std::string> nan_fits;  // candidate@prefix whose held-out dual error is NaN (not kept)
 };
 // Per candidate family and pooling, the ridge of each slice prefix from
 // held-out statistics; prefixes whose held-out dual MSE is not 1% below

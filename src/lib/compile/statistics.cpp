@@ -88,9 +88,30 @@ Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const 
                                     s.score_scale, s.eps);
     times.features += since(t);
     t = Clock::now();
+    // Examples whose scores overflow give non-finite duals or features on rows
+    // that carry mass; one of them would spoil every statistic.
+    auto finite = at::where(m.row_active, teacher.phi_bar_star, at::zeros({}, teacher.phi_bar_star.options()))
+                      .isfinite()
+                      .all(-1)
+                      .all(-1)
+                      .logical_and(at::where(m.row_active.unsqueeze(-1), Psi, at::zeros({}, Psi.options()))
+                                       .isfinite()
+                                       .flatten(1)
+                                       .all(-1));
+    auto fin = finite.accessor<bool, 1>();
     std::vector<int64_t> tr, he;
-    for (int64_t e = 0; e < count; ++e)
+    for (int64_t e = 0; e < count; ++e) {
+      if (!fin[e]) {
+        const double amax = (b.x.defined() ? b.x[e] : at::cat({b.q[e].flatten(), b.k[e].flatten()})).abs().max().item<double>();
+        ASAP_CHECK(opt.skip_bad_examples, "calibration file '", stream.calib_path(), "': layer '", s.name, "' example ",
+                   start + e, " has activations up to ", amax, ", which make its attention scores overflow (the teacher's "
+                   "dual or the features are not finite); drop or fix the example, or pass --skip-bad-examples to "
+                   "exclude such examples with a warning");
+        st.excluded.push_back(start + e);
+        continue;
+      }
       (in_heldout_split(opt.seed, opt.heldout_fraction, start + e) ? he : tr).push_back(e);
+    }
     auto add = [&](LsStats& acc, const std::vector<int64_t>& idx) {
       if (idx.empty()) return;
       auto ix = at::tensor(idx, at::kLong);
@@ -105,10 +126,24 @@ Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const 
   }
   const auto t = Clock::now();
   reduce_statistics(opt.comm.get(), st, s.heads, widest.num_columns());
+  if (opt.comm) {  // every rank's excluded examples, in rank (= index) order
+    std::string mine;
+    for (int64_t e : st.excluded) mine += std::to_string(e) + " ";
+    st.excluded.clear();
+    for (const auto& part : opt.comm->allgather(mine)) {
+      size_t pos = 0;
+      while (pos < part.size()) {
+        size_t next = part.find(' ', pos);
+        st.excluded.push_back(std::stoll(part.substr(pos, next - pos)));
+        pos = next + 1;
+      }
+    }
+    std::sort(st.excluded.begin(), st.excluded.end());
+  }
   times.communication += since(t);
   // The split depends on the example index and the seed alone.
   for (int64_t e = 0; e < sh.total; ++e)
-    if (in_heldout_split(opt.seed, opt.heldout_fraction, e)) st.held_idx.push_back(e);
+    if (in_heldout_split(opt.seed, opt.heldout_fraction, e) && st.usable(e)) st.held_idx.push_back(e);
   return st;
 }
 

@@ -70,6 +70,8 @@ HeadBatch LayerStream::to_heads(CalibBatch b) const {
   return h;
 }
 
+const std::string& LayerStream::calib_path() const { return calib_.path(); }
+
 HeadBatch LayerStream::read(int64_t start, int64_t count) const {
   CalibBatch b = calib_.read(spec_.name, start - first_, count);
   for (const at::Tensor* t : {&b.x, &b.q, &b.k, &b.v, &b.mask})

@@ -32,6 +32,7 @@ class LayerStream {
 
   // Examples in this process's calibration files.
   int64_t num_examples() const { return N_; }
+  const std::string& calib_path() const;
   // The global index of this process's first example (asap/dist.h, Shards):
   // read() and read_indices() take global indices. 0 in a single process.
   void set_first_example(int64_t first) { first_ = first; }

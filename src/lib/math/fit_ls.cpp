@@ -144,7 +144,8 @@ double ls_mse(const LsStats& s, const std::vector<int64_t>& cols, const at::Tens
     rows += R;
   }
   ASAP_CHECK(rows > 0, "held-out split has no mass-carrying rows");
-  return std::max(0.0, num / rows);
+  // std::max(0.0, NaN) would be 0, the best possible error: keep NaN a NaN.
+  return std::isnan(num) ? num : std::max(0.0, num / rows);
 }
 
 std::vector<double> default_ridge_grid() {
@@ -167,6 +168,8 @@ RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std
       best.lambda = lam;
     }
   }
+  // No ridge gave a comparable error (all NaN): say so rather than report +inf.
+  if (std::isinf(best.heldout_mse)) best.heldout_mse = std::numeric_limits<double>::quiet_NaN();
   return best;
 }
 

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "asap/error.h"
 #include "asap/fast.h"
 #include "asap/features.h"
@@ -52,6 +54,43 @@ LayerOutput run_loop_kind(const CompiledLayer& L, const at::Tensor& q, const at:
   return r;
 }
 
+// Whether every value of a tensor is finite: x * 0 is 0 for finite x and NaN
+// otherwise; eight independent sums let the loop vectorise.
+template <class T>
+bool all_finite_raw(const T* p, int64_t n) {
+  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j] * T(0);
+  for (; i < n; ++i) acc[0] += p[i] * T(0);
+  T s = 0;
+  for (T a : acc) s += a;
+  return s == T(0);
+}
+
+bool all_finite(const at::Tensor& t) {
+  if (t.is_contiguous() && t.device().is_cpu()) {
+    if (t.scalar_type() == at::kFloat) return all_finite_raw(t.data_ptr<float>(), t.numel());
+    if (t.scalar_type() == at::kDouble) return all_finite_raw(t.data_ptr<double>(), t.numel());
+  }
+  return t.isfinite().all().item<bool>();
+}
+
+// NaN in, NaN out (issue 16, item 5; docs/decisions.md): a head whose q, k or
+// v holds a NaN or an infinity returns NaN for its whole output, attention
+// and predicted dual, as Sinkhorn attention written in PyTorch does (one
+// non-finite score spreads through the column normalisations). Checked in
+// one pass over the inputs; heads are located only when something is wrong.
+void propagate_nonfinite(LayerOutput& r, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (all_finite(q) && all_finite(k) && all_finite(v)) return;
+  auto finite = [](const at::Tensor& t) { return t.isfinite().all(-1).all(-1); };  // [B, H]
+  auto bad = finite(q).logical_and(finite(k)).logical_and(finite(v)).logical_not();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (r.out.defined()) r.out = r.out.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
+  if (r.attention.defined()) r.attention = r.attention.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
+  if (r.phi_hat.defined()) r.phi_hat = r.phi_hat.masked_fill(bad.unsqueeze(-1), nan);
+}
+
 }  // namespace
 
 LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
@@ -85,8 +124,11 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
       if (t->defined()) *t = t->to(q.scalar_type());
     return r;
   }
-  if (L.kind != OperatorKind::kAsap) return run_loop_kind(L, q, k, v, key_mask, opt, run_teacher);
-  return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // hands other devices to the reference
+  LayerOutput r = L.kind != OperatorKind::kAsap
+                      ? run_loop_kind(L, q, k, v, key_mask, opt, run_teacher)
+                      : fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // other devices: the reference
+  propagate_nonfinite(r, q, k, v);
+  return r;
 }
 
 std::shared_ptr<const CompiledModel> CompiledModel::load(const std::string& path) {
