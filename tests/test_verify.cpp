@@ -1,6 +1,7 @@
 // verify: every metric for every layer, the digest check, and gating.
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,8 @@
 #include "asap/checkpoint.h"
 #include "asap/compile.h"
 #include "asap/error.h"
+#include "asap/metrics.h"
+#include "asap/teacher.h"
 #include "asap/verify.h"
 #include "compile_fixture.h"
 
@@ -131,4 +134,49 @@ TEST_CASE("verify: compile's report equals asapc verify on the same held-out exa
   CHECK(out.find("too few to measure fidelity") != std::string::npos);
   auto tiny = nlohmann::json::parse(std::ifstream(dir / "t.report.json"));
   CHECK(tiny["too_small"].get<bool>());
+}
+
+TEST_CASE("metrics: each one equals its formula on a small case; an underflowed entry gives inf KL, a floored KL and its share") {
+  // One example, one head, n = 3 (plan = attention / n), all rows and keys active.
+  const int64_t n = 3;
+  auto As = at::tensor({0.5, 0.3, 0.2, 0.2, 0.5, 0.3, 0.3, 0.2, 0.5}, at::kDouble).reshape({1, 1, n, n});
+  auto A = at::tensor({0.6, 0.4, 0.0, 0.2, 0.4, 0.3, 0.2, 0.2, 0.6}, at::kDouble).reshape({1, 1, n, n});
+  auto m = asap::log_marginals(at::Tensor(), 1, n, false, at::kDouble, at::kCPU);
+  asap::MetricsAccumulator acc;
+  acc.add_attention(A, As, m, true);
+  auto r = acc.result();
+  double num = 0, den = 0, kl_floor = 0, rows = 0, cols = 0;
+  int zeros = 0, support = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double rs = 0, cs = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double a = A[0][0][i][j].item<double>(), s = As[0][0][i][j].item<double>();
+      num += (a - s) * (a - s);
+      den += s * s;
+      const double p = s / n, q = std::max(a / n, asap::kKlFloor / n);
+      kl_floor += p * std::log(p / q) - p + q;
+      zeros += a == 0 && s > 0;
+      support += s > 0;
+      rs += a;
+      cs += A[0][0][j][i].item<double>();
+    }
+    rows += std::abs(rs - 1);
+    cols += std::abs(cs - 1);
+  }
+  CHECK(r.attention_rel_error == doctest::Approx(std::sqrt(num / den)).epsilon(1e-12));
+  CHECK(std::isinf(r.teacher_plan_kl));
+  CHECK(r.teacher_plan_kl_floored == doctest::Approx(kl_floor).epsilon(1e-12));
+  CHECK(r.plan_zero_share == doctest::Approx(static_cast<double>(zeros) / support));
+  CHECK(r.plan_zero_share == doctest::Approx(1.0 / 9));
+  CHECK(r.row_marginal_error == doctest::Approx(rows / n).epsilon(1e-12));
+  CHECK(r.col_marginal_error == doctest::Approx(cols / n).epsilon(1e-12));
+  // Without the zero, the KL is finite and equals the floored one.
+  auto A2 = A.clone();
+  A2[0][0][0][2] = 0.1;
+  asap::MetricsAccumulator acc2;
+  acc2.add_attention(A2, As, m, true);
+  auto r2 = acc2.result();
+  CHECK(std::isfinite(r2.teacher_plan_kl));
+  CHECK(r2.teacher_plan_kl == doctest::Approx(r2.teacher_plan_kl_floored).epsilon(1e-12));
+  CHECK(r2.plan_zero_share == 0.0);
 }

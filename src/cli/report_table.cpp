@@ -1,5 +1,7 @@
 #include "report_table.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -14,6 +16,15 @@ std::string num(double v, const char* fmt = "%.4f") {
   char b[32];
   std::snprintf(b, sizeof b, fmt, v);
   return b;
+}
+
+// The plan KL: infinite when the operator underflows to 0 where the teacher
+// has mass (JSON keeps that as null); then the floored value, marked.
+std::string kl_text(const nlohmann::json& m, const char* fmt, bool& floored) {
+  const auto& kl = m["teacher_plan_kl"];
+  if (kl.is_number() && std::isfinite(kl.get<double>())) return num(kl.get<double>(), fmt);
+  floored = true;
+  return num(m.value("teacher_plan_kl_floored", -1.0), fmt) + "+";
 }
 
 std::string ms(double s) { return s < 0 ? "-" : num(s * 1e3, "%.3f") + " ms"; }
@@ -44,6 +55,8 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
                   "out RMSE", "row marg", "col marg", "plan KL", "latency", "speedup");
     os << line;
     double t_teacher = -1;
+    bool floored = false;
+    double zero_share = 0;
     for (const auto& o : l["operators"])
       if (o["kind"] == "teacher") t_teacher = o["latency_s"];
     for (const auto& o : l["operators"]) {
@@ -53,11 +66,15 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
       std::snprintf(line, sizeof line, "  %-24s %6d %10s %10s %9s %9s %10s %12s %8s\n", op_label(o, T).c_str(),
                     o["lse_passes"].get<int>(), num(m["attention_rel_error"]).c_str(),
                     num(m["head_output_rmse"]).c_str(), num(m["row_marginal_error"]).c_str(),
-                    num(m["col_marginal_error"]).c_str(), num(m["teacher_plan_kl"], "%.2e").c_str(), ms(lat).c_str(),
+                    num(m["col_marginal_error"]).c_str(), kl_text(m, "%.2e", floored).c_str(), ms(lat).c_str(),
                     speed.c_str());
       os << line;
+      zero_share = std::max(zero_share, m.value("plan_zero_share", 0.0));
     }
     os << "  * default operator; passes count log-sum-exp sweeps (closures plus feature passes)\n";
+    if (floored)
+      os << "  + plan KL is infinite: the operator gives exactly 0 to up to " << num(100 * zero_share, "%.3f")
+         << "% of the entries the teacher weights; shown with its attention floored at 1e-12\n";
     // The compiled choice against the paper's plain map (sliced potentials, pooled), from compile's record.
     const auto& fit = l.contains("fit") ? l["fit"] : nlohmann::json();
     if (fit.is_object() && fit.contains("chosen") && fit.contains("candidates")) {
@@ -83,6 +100,7 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
   if (v.contains("compare")) {
     os << "\nside by side (default operators):\n";
     std::vector<nlohmann::json> all{v};
+    bool cmp_floored = false;
     for (const auto& c : v["compare"]) all.push_back(c);
     for (const auto& a : all)
       for (const auto& l : a["layers"])
@@ -92,7 +110,7 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
                           a["artifact"].get<std::string>().c_str(), l["name"].get<std::string>().c_str(),
                           a.value("fit", "ls").c_str(), o["steps"].get<int>(),
                           num(o["metrics"]["attention_rel_error"]).c_str(),
-                          num(o["metrics"]["teacher_plan_kl"], "%.3e").c_str());
+                          kl_text(o["metrics"], "%.3e", cmp_floored).c_str());
             os << line;
           }
   }

@@ -18,6 +18,14 @@ void MetricsAccumulator::add_attention(const at::Tensor& A_in, const at::Tensor&
   auto p = As / static_cast<double>(n), q = A / static_cast<double>(n);
   auto kl = at::where(p > 0, p * (p.log() - q.log()), at::zeros_like(p)) - p + q;
   kl_sum_ += kl.sum().item<double>();
+  // Entries the operator underflows to 0 where the teacher has mass make the
+  // KL infinite: count them, and report the KL with A floored as well.
+  auto qf = at::clamp_min(q, kKlFloor / static_cast<double>(n));
+  auto klf = at::where(p > 0, p * (p.log() - qf.log()), at::zeros_like(p)) - p + qf;
+  kl_floor_sum_ += klf.sum().item<double>();
+  auto support = p > 0;
+  support_entries_ += support.sum().item<double>();
+  zero_entries_ += support.logical_and(q == 0).sum().item<double>();
   auto rows = m.row_active.expand({B, H, n}).to(at::kDouble);
   auto cols = m.key_active.expand({B, H, n}).to(at::kDouble);
   row_sum_ += ((A.sum(-1) - 1).abs() * rows).sum().item<double>();
@@ -50,7 +58,9 @@ FidelityMetrics MetricsAccumulator::result() const {
   if (terms_ > 0) {
     r.attention_rel_error = rel_sum_ / static_cast<double>(terms_);
     r.teacher_plan_kl = kl_sum_ / static_cast<double>(terms_);
+    r.teacher_plan_kl_floored = kl_floor_sum_ / static_cast<double>(terms_);
   }
+  if (support_entries_ > 0) r.plan_zero_share = zero_entries_ / support_entries_;
   if (rows_ > 0) r.row_marginal_error = row_sum_ / rows_;
   if (cols_ > 0) r.col_marginal_error = col_sum_ / cols_;
   if (o_count_ > 0) r.head_output_rmse = std::sqrt(o_sq_ / o_count_);
@@ -64,13 +74,13 @@ FidelityMetrics MetricsAccumulator::result() const {
 namespace asap {
 
 void MetricsAccumulator::append_sums(std::vector<double>& out) const {
-  for (double x : {rel_sum_, kl_sum_, row_sum_, col_sum_, rows_, cols_, static_cast<double>(terms_), o_sq_, o_count_,
+  for (double x : {rel_sum_, kl_sum_, kl_floor_sum_, zero_entries_, support_entries_, row_sum_, col_sum_, rows_, cols_, static_cast<double>(terms_), o_sq_, o_count_,
                    y_sq_, y_count_, d_sq_, d_count_})
     out.push_back(x);
 }
 
 void MetricsAccumulator::load_sums(const std::vector<double>& in, size_t& o) {
-  double* fields[] = {&rel_sum_, &kl_sum_, &row_sum_, &col_sum_, &rows_, &cols_, nullptr, &o_sq_, &o_count_,
+  double* fields[] = {&rel_sum_, &kl_sum_, &kl_floor_sum_, &zero_entries_, &support_entries_, &row_sum_, &col_sum_, &rows_, &cols_, nullptr, &o_sq_, &o_count_,
                       &y_sq_, &y_count_, &d_sq_, &d_count_};
   for (double* f : fields) {
     if (f) *f = in.at(o);

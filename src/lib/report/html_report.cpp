@@ -132,7 +132,7 @@ Layer read_layer(const json& l) {
     op.layer_rmse = num(m, "layer_output_rmse");
     op.row = num(m, "row_marginal_error");
     op.col = num(m, "col_marginal_error");
-    op.kl = num(m, "teacher_plan_kl");
+    op.kl = num(m, "teacher_plan_kl", num(m, "teacher_plan_kl_floored"));  // infinite KL (null): the floored one
     op.dual_rmse = num(m, "dual_rmse");
     L.ops.push_back(op);
   }

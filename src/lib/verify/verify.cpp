@@ -32,6 +32,7 @@ json metrics_json(const FidelityMetrics& m) {
   return json{{"attention_rel_error", m.attention_rel_error}, {"head_output_rmse", m.head_output_rmse},
               {"layer_output_rmse", m.layer_output_rmse},     {"row_marginal_error", m.row_marginal_error},
               {"col_marginal_error", m.col_marginal_error},   {"teacher_plan_kl", m.teacher_plan_kl},
+              {"teacher_plan_kl_floored", m.teacher_plan_kl_floored}, {"plan_zero_share", m.plan_zero_share},
               {"dual_rmse", m.dual_rmse},                     {"terms", m.terms}};
 }
 
