@@ -4,6 +4,8 @@
 // CPU has, heads-parallel and within-head strategies, stored and recomputed
 // score tiles.
 #include <ATen/ATen.h>
+
+#include <thread>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -397,6 +399,46 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
   auto lr = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, true);
   CHECK_REL(lr.out, lref.out, 1e-5);
   CHECK_REL(lr.attention, lref.attention, 1e-5);
+}
+
+TEST_CASE("fast: concurrent callers on the within-head path, and a team raised between calls") {
+  at::manual_seed(12);
+  const int64_t d = 16;
+  asap::FeatureFamily fam;
+  fam.slices = 8, fam.alpha = true, fam.softmax_dual = true;
+  auto L = make_layer(1, d, fam, false, false, 6, 1.0, true);
+  asap::fast::Tuning within;
+  within.strategy = asap::fast::Strategy::kWithinHead;
+  for (int64_t n : {200, 300}) {  // a per-thread cached engine (n <= 256) and a fresh one
+    CAPTURE(n);
+    auto q = at::randn({1, 1, n, d}), k = at::randn({1, 1, n, d}), v = at::randn({1, 1, n, d});
+    auto ref = asap::run_layer_reference(L, q, k, v, at::Tensor(), {});
+    asap::Convention c;
+    auto tref = asap::run_teacher_reference(q, k, v, at::Tensor(), 0.25, 6, c, false);
+    // Built for 2 threads, then called with 3: each thread keeps its own scratch.
+    for (int threads : {2, 3, 1, 3}) {
+      Threads th(threads);
+      CHECK_REL(asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, false).out, ref.out, 1e-5);
+      CHECK_REL(asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O, tref.O, 1e-5);
+    }
+    // Three callers at once, each with a 2-thread team on the within-head path.
+    Threads th(2);
+    std::vector<at::Tensor> outs(6), touts(6);
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 3; ++t)
+      callers.emplace_back([&, t] {
+        at::set_num_threads(2);
+        for (int r = 0; r < 2; ++r) {
+          outs[2 * t + r] = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, false).out;
+          touts[2 * t + r] = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O;
+        }
+      });
+    for (auto& t : callers) t.join();
+    for (int i = 0; i < 6; ++i) {
+      CHECK_REL(outs[i], ref.out, 1e-5);
+      CHECK_REL(touts[i], tref.O, 1e-5);
+    }
+  }
 }
 
 TEST_CASE("fast: closure_errors equals the attention error of the reference closures") {

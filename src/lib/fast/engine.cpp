@@ -1,4 +1,5 @@
 // The per-head engine of the fast path (see engine.h and docs/performance.md).
+#include "asap/error.h"
 #include "fast/engine.h"
 
 #include <algorithm>
@@ -91,18 +92,25 @@ Engine<T>::Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, co
 template <class T>
 template <class F>
 void Engine<T>::pfor(int64_t count, const F& fn) {
-  if (ch_.threads <= 1 || count <= 1) {
+  // One scratch area per thread of the team. A team larger than the engine
+  // was built for (at::set_num_threads raised by the caller since) runs
+  // serially here rather than share an area; load() grows the areas for the
+  // next head.
+  if (ch_.threads <= 1 || count <= 1 || at::get_num_threads() > static_cast<int>(scratch_.size())) {
     for (int64_t i = 0; i < count; ++i) fn(i, 0);
     return;
   }
   at::parallel_for(0, count, 1, [&](int64_t b, int64_t e) {
-    const int tid = std::min(at::get_thread_num(), ch_.threads - 1);
+    const int tid = at::get_thread_num();
+    ASAP_ASSERT(tid >= 0 && tid < static_cast<int>(scratch_.size()));
     for (int64_t i = b; i < e; ++i) fn(i, tid);
   });
 }
 
 template <class T>
 void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, double s_eps, bool need_scores) {
+  if (!at::in_parallel_region() && at::get_num_threads() > static_cast<int>(scratch_.size()))
+    scratch_.resize(static_cast<size_t>(at::get_num_threads()));
   act_ = &act;
   nR_ = static_cast<int64_t>(act.rows.size());
   nJ_ = static_cast<int64_t>(act.keys.size());

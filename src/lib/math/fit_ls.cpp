@@ -38,24 +38,33 @@ void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, 
   auto w = row_active.expand({B, H, n}).to(at::kDouble);  // 1 on rows that carry mass
   auto X = Psi.to(at::kDouble) * w.unsqueeze(-1);
   auto y = at::where(row_active.expand({B, H, n}), target.to(at::kDouble), at::zeros({}, at::kDouble));
-  // Per head: sum over batch and rows; heads spread over threads (one BLAS
-  // call each: asapc runs OpenBLAS on one thread, src/cli/common.cpp).
+  // Per head: sum over batch and rows; heads spread over threads. Eigen's
+  // own product, not BLAS: a BLAS call inside parallel_for nests thread pools
+  // (safe only with a one-thread BLAS, which library callers need not have);
+  // Eigen runs single-threaded inside a parallel region.
   auto Xh = X.transpose(0, 1).reshape({H, B * n, P}).contiguous();
-  auto yh = y.transpose(0, 1).reshape({H, B * n, 1}).contiguous();
+  auto yh = y.transpose(0, 1).reshape({H, B * n}).contiguous();
   LsStats b;
   b.G = at::empty({H, P, P}, X.options());
-  b.h = at::empty({H, P, 1}, X.options());
+  b.h = at::empty({H, P}, X.options());
+  using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t rows = B * n;
+  const double* xp = Xh.data_ptr<double>();
+  const double* yp = yh.data_ptr<double>();
+  double* gp = b.G.data_ptr<double>();
+  double* hp = b.h.data_ptr<double>();
   at::parallel_for(0, H, 1, [&](int64_t h0, int64_t h1) {
     for (int64_t hd = h0; hd < h1; ++hd) {
-      auto x = Xh.select(0, hd);
-      auto G = b.G.select(0, hd);
-      auto hv = b.h.select(0, hd);
-      at::mm_out(G, x.t(), x);
-      at::mm_out(hv, x.t(), yh.select(0, hd));
+      Eigen::Map<const RowMat> x(xp + hd * rows * P, rows, P);
+      Eigen::Map<const Eigen::VectorXd> yv(yp + hd * rows, rows);
+      Eigen::Map<RowMat> G(gp + hd * P * P, P, P);
+      Eigen::MatrixXd low = Eigen::MatrixXd::Zero(P, P);  // X^T X from one triangle: half the flops
+      low.selfadjointView<Eigen::Lower>().rankUpdate(x.transpose());
+      G = low.selfadjointView<Eigen::Lower>();
+      Eigen::Map<Eigen::VectorXd>(hp + hd * P, P).noalias() = x.transpose() * yv;
     }
   });
-  b.h = b.h.squeeze(-1);
-  b.c = yh.pow(2).sum(at::IntArrayRef{1, 2});
+  b.c = yh.pow(2).sum(1);
   b.R = w.sum(at::IntArrayRef{0, 2});
   b.examples = B;
   s.add(b);
