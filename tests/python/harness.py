@@ -10,13 +10,16 @@
         sys.exit(run(sys.argv[1:]))   # -k SUBSTRING runs only matching tests
 
 Prints one line per test and 'N passed, M failed[, K skipped] (T s)' at the
-end; run() returns 1 when any test failed.
+end; run() returns 1 when any test failed, else SKIPPED (77, ctest's
+SKIP_RETURN_CODE for these tests) when any was skipped, so that a skip shows
+as one in ctest rather than as a pass.
 """
 import time
 import traceback
 import warnings
 
 TESTS = []
+SKIPPED = 77
 
 
 class Skip(Exception):
@@ -51,4 +54,4 @@ def run(argv, ignore_user_warnings=False):
                 print("ok   %s" % fn.__name__)
     print("%d passed, %d failed%s (%.1f s)" % (passed, failed, ", %d skipped" % skipped if skipped else "",
                                                time.time() - t0))
-    return 1 if failed else 0
+    return 1 if failed else SKIPPED if skipped else 0

@@ -1,0 +1,119 @@
+"""The verify thresholds, verify --compare, and compile flags that change the
+choice (--max-passes, --heads-mode, --features, --ridge-grid), run as a user
+would, on the bundled teacher (issue 16, item 12)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import run, test  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ASAPC = os.environ.get("ASAPC", os.path.join(ROOT, "build", "asapc"))
+NAME = os.path.join(ROOT, "calib_data", "vit_mnist_t6")
+TMP = tempfile.mkdtemp(prefix="asapc-flags-")
+BASE = ["--spec", NAME + ".spec.json", "--calib", NAME + ".calib.h5", "--max-examples", "192", "--objective",
+        "fidelity", "--no-report", "-q", "--json", "--slices", "16"]
+
+
+def compile_json(out, *extra):
+    p = subprocess.run([ASAPC, "compile", NAME + ".pt", "-o", out, *BASE, *extra], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+_art = {}
+
+
+def artifact():
+    if "a" not in _art:
+        _art["a"] = os.path.join(TMP, "a.asap.h5")
+        compile_json(_art["a"])
+    return _art["a"]
+
+
+def verify(*extra):
+    argv = [ASAPC, "verify", NAME + ".pt", "--artifact", artifact(), "--data", NAME + ".heldout.h5",
+            "--max-examples", "48", "--no-timing", "-q", "--json-out", os.path.join(TMP, "v.json"),
+            "--report", os.path.join(TMP, "v.html"), *extra]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def default_metrics(report):
+    out = []
+    for layer in report["layers"]:
+        for o in layer["operators"]:
+            if o["default"]:
+                out.append((layer["name"], o["metrics"]))
+    return out
+
+
+@test
+def verify_thresholds_gate_the_exit_code():
+    p = verify("--json")
+    assert p.returncode == 0, p.stderr
+    metrics = default_metrics(json.loads(p.stdout))
+    for flag, key in (("--max-attention-error", "attention_rel_error"), ("--max-output-rmse", "head_output_rmse"),
+                      ("--max-col-marginal-error", "col_marginal_error"), ("--max-kl", "teacher_plan_kl")):
+        worst = max(m[key] for _, m in metrics)
+        assert worst > 0, (key, worst)
+        below = verify(flag, repr(worst * 0.5))
+        assert below.returncode == 1, (flag, below.returncode, below.stderr)
+        assert key in below.stderr and flag in below.stderr and "exceeds" in below.stderr, below.stderr
+        above = verify(flag, repr(worst * 2))
+        assert above.returncode == 0, (flag, above.returncode, above.stderr)
+
+
+@test
+def verify_compare_shows_both_artifacts():
+    other = os.path.join(TMP, "other.asap.h5")
+    compile_json(other, "--seed", "7")
+    p = verify("--compare", other)
+    assert p.returncode == 0, p.stderr
+    assert "side by side" in p.stdout, p.stdout[-1500:]
+    assert artifact() in p.stdout and other in p.stdout
+    j = json.load(open(os.path.join(TMP, "v.json")))
+    assert len(j["compare"]) == 1 and j["compare"][0]["artifact"] == other
+
+
+@test
+def max_passes_bounds_the_choice():
+    for budget in (1, 2, 3):
+        s = compile_json(os.path.join(TMP, "p%d.asap.h5" % budget), "--max-passes", str(budget))
+        for layer in s["layers"]:
+            assert layer["pass_budget"] == budget
+            assert layer["chosen"]["lse_passes"] <= budget, (budget, layer["chosen"])
+
+
+@test
+def heads_mode_and_features_restrict_the_candidates():
+    s = compile_json(os.path.join(TMP, "h.asap.h5"), "--heads-mode", "pooled", "--features", "alpha+softmax,slices")
+    for layer in s["layers"]:
+        cands = layer["candidates"]
+        assert cands and all(not c["per_head"] for c in cands), [c["candidate"] for c in cands]
+        assert {c["features"] for c in cands} <= {"alpha+softmax", "slices"}, [c["candidate"] for c in cands]
+        assert layer["chosen"]["per_head"] is False
+    s = compile_json(os.path.join(TMP, "h2.asap.h5"), "--heads-mode", "per-head", "--features", "all")
+    for layer in s["layers"]:
+        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3" for c in layer["candidates"])
+
+
+@test
+def ridge_grid_is_the_set_chosen_from():
+    s = compile_json(os.path.join(TMP, "r.asap.h5"), "--ridge-grid", "0.5,2")
+    for layer in s["layers"]:
+        for c in layer["candidates"]:
+            assert c["ridge"] in (0.5, 2.0), c
+        for t in layer["slice_selection"]:
+            for row in t["prefixes"]:
+                assert row.get("ridge_grid", [0.5, 2.0]) == [0.5, 2.0], row
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(run(sys.argv[1:]))
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
