@@ -358,12 +358,13 @@ TEST_CASE("compile: a fixed family, ridge, slices and closures are honoured") {
 
 TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   TempDir dir;
-  write_vit_calib(dir / "calib.h5", 40, 4);
+  write_vit_calib(dir / "calib.h5", 80, 4);  // 80: enough held-out examples to compare KL with LS
   asap::write_spec(dir / "spec.json", vit_spec(6));
   asap::CompileOptions o;
   o.slice_bank = 8;
   o.fit = "kl";
   o.kl_ridge = 1e-4;
+  o.objective = asap::Objective::kFidelity;
   o.layers = {"transformer.layers.0.0.fn"};
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const auto& kl = r.summary["layers"][0]["kl"];
@@ -374,6 +375,15 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   const auto& hist = kl["per_ridge"][0]["history"];
   for (size_t i = 1; i < hist.size(); ++i)
     CHECK(hist[i]["objective"].get<double>() < hist[i - 1]["objective"].get<double>());
+  // KL never ends worse than its LS warm start on held-out attention error:
+  // either it is no worse, or the LS coefficients are what the artifact holds.
+  const double e_ls = kl["heldout_attention_error_ls"].get<double>(), e_kl = kl["heldout_attention_error_kl"].get<double>();
+  o.fit = "ls";
+  o.objective = asap::Objective::kFidelity;  // the same operator as the KL compile's, whatever the timings
+  auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const bool fell_back = kl["fell_back_to_ls"];
+  CHECK(fell_back == (e_kl > e_ls));
+  CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef) == fell_back);
 }
 
 TEST_CASE("compile: refuses T = 1, a layer missing from the calibration file, a width mismatch, NaN") {

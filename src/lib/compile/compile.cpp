@@ -468,6 +468,24 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
         cl.coef = kl.coef;
         kl_diag = kl.diagnostics;
+        // KL must not end worse than its LS warm start on held-out data: the
+        // attention error of the same operator (family, k) with each.
+        if (can_select && closures >= 1) {
+          std::vector<Fit> pair{f, f};
+          pair[1].coef = kl.coef;
+          heldout_errors(stream, sh, s, theta, widest, st.held_idx, pair, {closures, closures}, opt);
+          const double e_ls = pair[0].error_by_k.back(), e_kl = pair[1].error_by_k.back();
+          kl_diag["heldout_attention_error_ls"] = e_ls;
+          kl_diag["heldout_attention_error_kl"] = e_kl;
+          kl_diag["fell_back_to_ls"] = false;
+          if (!(e_kl <= e_ls)) {
+            cl.coef = f.coef;
+            kl_diag["fell_back_to_ls"] = true;
+            if (opt.warn)
+              opt.warn(str("layer '", s.name, "': the KL fit ends with held-out attention error ", e_kl,
+                           ", worse than its LS warm start's ", e_ls, ", so the LS coefficients are kept"));
+          }
+        }
       }
     } else {
       cl.theta = at::zeros({s.head_dim, 0}, at::kDouble);
