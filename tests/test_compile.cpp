@@ -439,9 +439,9 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(run_cmd(base + " --max-error 0.1", &out) == 2);
   CHECK(out.find("--max-error needs --objective max-error") != std::string::npos);
   CHECK(run_cmd(base + " --min-speedup 0", &out) == 2);
-  CHECK(out.find("--min-speedup must be a finite number > 0, found 0") != std::string::npos);
+  CHECK(out.find("--min-speedup takes a finite number > 0, found '0'") != std::string::npos);
   CHECK(run_cmd(base + " --deploy-batch 0", &out) == 2);
-  CHECK(out.find("--deploy-batch must be at least 1, found 0") != std::string::npos);
+  CHECK(out.find("--deploy-batch takes an integer >= 1, found '0'") != std::string::npos);
   CHECK(run_cmd(base + " --features alpha+sinkhorn3", &out) == 2);
   CHECK(out.find("--features takes slices") != std::string::npos);
   CHECK(run_cmd(base + " --latency-table " + dir / "none.json", &out) == 2);
@@ -452,7 +452,7 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(run_cmd(base + " --slice-counts 0 --no-report", &out) == 0);
   std::filesystem::remove(dir / "a.h5");
   CHECK(run_cmd(base + " --selection-examples -1", &out) == 2);
-  CHECK(out.find("--selection-examples must be at least 0 (0 = all), found -1") != std::string::npos);
+  CHECK(out.find("--selection-examples takes an integer >= 0, found '-1'") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "a.h5"));
 }
 

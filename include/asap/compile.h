@@ -82,6 +82,9 @@ enum class Objective {
   kFidelity,    // most accurate ASAP map within the log-sum-exp pass budget (the pre-latency behaviour)
 };
 
+// The largest slice bank compile accepts.
+constexpr int64_t kMaxSliceBank = 4096;
+
 struct CompileOptions {
   int64_t slice_bank = 64;                 // slices drawn and stored per layer
   std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}

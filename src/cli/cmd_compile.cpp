@@ -179,8 +179,31 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_flag("-q,--quiet", a->quiet, "no progress bar, no warnings");
   c->add_flag("--json", a->json, "print the compile summary as JSON on stdout");
   add_dist_options(c, a->dist);
-  c->callback([a, &run] {
-    run = [a] {
+  c->callback([a, c, &run] {
+    run = [a, c] {
+      require_values(c, {{"--slices", Takes::kPositiveInt},
+                         {"--slice-counts", Takes::kNonNegativeInt},
+                         {"--fixed-slices", Takes::kNonNegativeInt},
+                         {"--ridge", Takes::kNonNegative},
+                         {"--ridge-grid", Takes::kNonNegative},
+                         {"--kl-ridge", Takes::kNonNegative},
+                         {"--kl-iters", Takes::kNonNegativeInt},
+                         {"--kl-cache-mb", Takes::kNonNegative},
+                         {"--closures", Takes::kNonNegativeInt},
+                         {"--max-passes", Takes::kNonNegativeInt},
+                         {"--max-closures", Takes::kPositiveInt},
+                         {"--min-speedup", Takes::kPositive},
+                         {"--max-error", Takes::kPositive},
+                         {"--deploy-batch", Takes::kPositiveInt},
+                         {"--selection-examples", Takes::kNonNegativeInt},
+                         {"--batch-size", Takes::kPositiveInt},
+                         {"--heldout-fraction", Takes::kNonNegative},
+                         {"--seed", Takes::kNonNegativeInt},
+                         {"--max-examples", Takes::kNonNegativeInt},
+                         {"--threads", Takes::kThreads},
+                         {"--dist-timeout", Takes::kPositive},
+                         {"--rank", Takes::kNonNegativeInt},
+                         {"--world-size", Takes::kPositiveInt}});
       apply_objective(*a);
       a->opt.candidates = candidates_of(a->features, a->heads);
       const std::vector<std::string> calib = expand_files(a->calib, "--calib");

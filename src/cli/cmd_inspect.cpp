@@ -147,8 +147,10 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
   c->add_option("-o,--output", a->out, "write the detected teacher spec to this file");
   c->add_flag("--tensors", a->tensors, "list every tensor of a checkpoint");
   c->add_flag("--json", a->json, "machine-readable output (artifacts)");
-  c->callback([a, &run] {
-    run = [a] {
+  c->callback([a, c, &run] {
+    run = [a, c] {
+      require_values(c, {{"--T", Takes::kPositiveInt}, {"--heads", Takes::kPositiveInt}, {"--eps", Takes::kPositive},
+                         {"--score-scale", Takes::kPositive}});
       const std::string fmt = asap::hdf5_format_of(a->file);
       if (fmt == asap::kArtifactFormat) return inspect_artifact(*a);
       if (fmt == asap::kCalibFormat) return inspect_calib(*a);

@@ -103,8 +103,20 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   c->add_flag("-q,--quiet", a->quiet, "no progress bar");
   c->add_flag("--json", a->json, "print the JSON on stdout instead of the table");
   add_dist_options(c, a->dist);
-  c->callback([a, &run] {
-    run = [a] {
+  c->callback([a, c, &run] {
+    run = [a, c] {
+      require_values(c, {{"--max-closures", Takes::kPositiveInt},
+                         {"--batch-size", Takes::kPositiveInt},
+                         {"--max-examples", Takes::kNonNegativeInt},
+                         {"--repeats", Takes::kNonNegativeInt},
+                         {"--threads", Takes::kThreads},
+                         {"--max-attention-error", Takes::kThreshold},
+                         {"--max-output-rmse", Takes::kThreshold},
+                         {"--max-col-marginal-error", Takes::kThreshold},
+                         {"--max-kl", Takes::kThreshold},
+                         {"--dist-timeout", Takes::kPositive},
+                         {"--rank", Takes::kNonNegativeInt},
+                         {"--world-size", Takes::kPositiveInt}});
       a->opt.time = !a->no_timing;
       const std::vector<std::string> files = expand_files(a->data, "--data");
       // One process, or one rank of a group: each rank verifies its share,

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "asap/error.h"
@@ -61,6 +62,47 @@ void Progress::finish() {
   if (enabled_ && drawn_) std::fprintf(stderr, "\r\033[K");
   drawn_ = false;
   label_.clear();
+}
+
+void refuse_empty_values(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool opt = a.size() > 1 && a[0] == '-' && !(a[1] >= '0' && a[1] <= '9') && a[1] != '.';
+    ASAP_CHECK(!(opt && a.back() == '=' && a.find('=') == a.size() - 1), a.substr(0, a.size() - 1),
+               " was given an empty value");
+    ASAP_CHECK(!(a.empty() && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0), argv[i - 1],
+               " was given an empty value");
+  }
+}
+
+void require_values(CLI::App* cmd, std::initializer_list<std::pair<const char*, Takes>> flags) {
+  for (const auto& [flag, takes] : flags) {
+    const CLI::Option* o = cmd->get_option_no_throw(flag);
+    if (!o || o->count() == 0) continue;
+    for (const std::string& text : o->results()) {
+      if (text.empty()) continue;  // list delimiters; empty values are refused before parsing
+      double v = std::numeric_limits<double>::quiet_NaN();
+      size_t pos = 0;
+      try {
+        v = std::stod(text, &pos);
+      } catch (const std::exception&) {
+        pos = 0;
+      }
+      const bool number = pos == text.size() && std::isfinite(v);
+      const bool integer = number && v == std::floor(v);
+      bool ok = false;
+      const char* what = "";
+      switch (takes) {
+        case Takes::kNonNegative: ok = number && v >= 0, what = "a finite number >= 0"; break;
+        case Takes::kPositive: ok = number && v > 0, what = "a finite number > 0"; break;
+        case Takes::kNonNegativeInt: ok = integer && v >= 0, what = "an integer >= 0"; break;
+        case Takes::kPositiveInt: ok = integer && v >= 1, what = "an integer >= 1"; break;
+        case Takes::kThreads: ok = integer && v >= 0 && v <= 1024, what = "0 (all cores) or a thread count up to 1024"; break;
+        case Takes::kThreshold: ok = number && (v >= 0 || v == -1), what = "a finite number >= 0 (or -1: no gate)"; break;
+      }
+      ASAP_CHECK(ok, flag, " takes ", what, ", found '", text, "'");
+    }
+  }
 }
 
 void add_dist_options(CLI::App* c, asap::DistOptions& o) {

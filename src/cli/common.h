@@ -42,6 +42,14 @@ class Progress {
 
 std::string human_seconds(double s);
 
+// Checks of given option values after parsing (the defaults carry internal
+// sentinels such as -1 = "choose", which a user must not pass). Each refuses
+// with one sentence naming the flag, what it takes and the text given.
+enum class Takes { kNonNegative, kPositive, kNonNegativeInt, kPositiveInt, kThreads, kThreshold };
+void require_values(CLI::App* cmd, std::initializer_list<std::pair<const char*, Takes>> flags);
+// Refuses an option given an empty value ("--x ''" or "--x="), before parsing.
+void refuse_empty_values(int argc, char** argv);
+
 // --dist-init, --rank, --world-size, --dist-timeout (docs/distributed.md).
 void add_dist_options(CLI::App* cmd, asap::DistOptions& o);
 // Joins the process group the flags or the environment describe; null when

@@ -18,10 +18,24 @@ int main(int argc, char** argv) {
   asapc::add_compile(app, run);
   asapc::add_verify(app, run);
   try {
+    asapc::refuse_empty_values(argc, argv);
+  } catch (const asap::Error& e) {
+    std::cerr << "asapc: error: " << e.what() << "\n";
+    return asapc::kExitBadInput;
+  }
+  try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : asapc::kExitBadInput;
+    // One sentence, as for every other bad input.
+    std::cerr << "asapc: error: " << e.what() << " (see asapc " << (app.get_subcommands().empty() ? std::string() :
+                 app.get_subcommands()[0]->get_name() + " ") << "--help)\n";
+    return asapc::kExitBadInput;
   }
   try {
     return run();

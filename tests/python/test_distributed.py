@@ -178,10 +178,13 @@ def local_shards_match_one_file():
 @test
 def killed_rank_stops_every_rank():
     out = os.path.join(TMP, "killed.asap.h5")
-    timeout = 30
-    env = env_without_launchers(ASAP_TEST_BATCH_DELAY_MS="400")  # statistics take ~4 s per rank
+    timeout = 60
+    # Statistics take ~4 s per rank; ASAP_DIST_VERBOSE says when a rank has joined.
+    env = env_without_launchers(ASAP_TEST_BATCH_DELAY_MS="400", ASAP_DIST_VERBOSE="1")
     procs = start_ranks(lambda r: compile_args(out, extra=["--dist-timeout", str(timeout)]), 3, env=env)
-    time.sleep(3)
+    line = procs[1].stderr.readline()
+    assert "rank 1 of 3 joined" in line, line
+    time.sleep(1)
     procs[1].send_signal(signal.SIGKILL)
     t0 = time.time()
     for r in (0, 2):

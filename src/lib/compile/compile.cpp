@@ -82,7 +82,8 @@ Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.heldout_fraction >= 0 && opt.heldout_fraction < 1,
              "--heldout-fraction must be in [0, 1), found ", opt.heldout_fraction);
   ASAP_CHECK(opt.batch_size >= 1, "--batch-size must be at least 1, found ", opt.batch_size);
-  ASAP_CHECK(opt.slice_bank >= 1, "--slices must be at least 1, found ", opt.slice_bank);
+  ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
+             " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
   ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl", "--fit must be 'ls' or 'kl', found '", opt.fit, "'");
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
   ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",

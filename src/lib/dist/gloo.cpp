@@ -75,6 +75,9 @@ class GlooCommunicator final : public Communicator {
                       " (from ", env.source, ") within ", timeout_s, " s: ", first_line(e.what())));
     }
     stale_s_ = std::max(3.0, std::min(15.0, timeout_s / 2));
+    if (const char* v = std::getenv("ASAP_DIST_VERBOSE"); v && *v == '1')
+      std::cerr << "asapc: rank " << env.rank << " of " << env.world_size << " joined the group at " << where << " ("
+                << env.source << ")" << std::endl;
     watcher_ = std::thread([this] { watch(); });
     g_active = this;
   }
