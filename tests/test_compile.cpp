@@ -522,3 +522,39 @@ TEST_CASE("compile: an example whose scores overflow is named and refused, or ex
   CHECK(std::isfinite(e_skip));
   CHECK(e_skip < 1.5 * e_good + 1e-3);
 }
+
+TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itself, so k = 3 reproduces the teacher") {
+  // T = 6: the row dual after T - 3 = 3 half-steps is the sinkhorn3 feature
+  // column, so the k-matched map for k = 3 is that column with weight 1 and
+  // its three closures are the teacher's last three half-steps.
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 80, 6);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.slice_bank = 4;
+  o.objective = asap::Objective::kFidelity;
+  o.max_passes = 6;
+  o.candidates = {{"alpha+softmax+sinkhorn3", true}};
+  o.float64 = true;
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  for (const auto& s : r.summary["layers"]) {
+    bool found = false;
+    for (const auto& c : s["candidates"]) {
+      if (c["target"] != "k-matched" || c["target_closures"] != 3) continue;
+      found = true;
+      CHECK(c["heldout_dual_rmse"].get<double>() < 1e-6);
+      CHECK(c["heldout_attention_error_by_k"][2].get<double>() < 1e-6);
+    }
+    CHECK(found);
+    // Only k with T - k odd have a matched target (k = 3, 5 for T = 6).
+    for (const auto& c : s["candidates"])
+      if (c["target"] == "k-matched") CHECK((c["target_closures"] == 3 || c["target_closures"] == 5));
+    CHECK(s["chosen"]["target"] == "k-matched");
+    CHECK(s["chosen"]["heldout_attention_error"].get<double>() < 1e-6);
+  }
+  // --targets closure-ready leaves them out.
+  o.targets = "closure-ready";
+  auto cr = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  for (const auto& s : cr.summary["layers"])
+    for (const auto& c : s["candidates"]) CHECK(c["target"] == "closure-ready");
+}

@@ -110,6 +110,10 @@ struct CompileOptions {
   int64_t max_examples = 0;                // > 0: use only the first examples of the file
   std::vector<std::string> layers;         // empty = every layer of the spec
   std::string fit = "ls";                  // "ls" or "kl"
+  // Dual the LS map predicts: "closure-ready" (f*, run with any k),
+  // "k-matched" (the teacher's row dual after T - k half-steps, run with
+  // exactly k closures), or "both" as candidates (docs/decisions.md).
+  std::string targets = "both";
   double kl_ridge = -1;                    // >= 0: fixed KL ridge
   int kl_max_iters = 20;                   // Newton iterations
   double kl_cache_mb = 512;                // memory budget for caching KL features

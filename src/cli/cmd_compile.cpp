@@ -100,7 +100,9 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
                   human_seconds(l["fit_time_s"].get<double>()).c_str());
     std::cout << line;
     if (!l["decision"].get<std::string>().empty()) std::cout << "    " << l["decision"].get<std::string>() << "\n";
-    if (l.contains("kl")) {
+    if (l.contains("kl") && l["kl"].contains("skipped")) {
+      std::cout << "    KL fit: " << l["kl"]["skipped"].get<std::string>() << "\n";
+    } else if (l.contains("kl")) {
       const auto& k = l["kl"];
       std::cout << "    KL fit: ridge " << k["ridge"].get<double>() << ", " << k["iterations"] << " Newton iterations"
                 << (k["converged"].get<bool>() ? " (converged)" : " (iteration cap)") << ", objective "
@@ -137,6 +139,10 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--ridge", o.ridge, "fixed LS ridge (default: chosen on held-out data)");
   c->add_option("--ridge-grid", o.ridge_grid, "LS ridge candidates (default 0, 1e-8 ... 1)")->delimiter(',');
+  c->add_option("--targets", o.targets,
+                "dual the map predicts: closure-ready (run with any k), k-matched (the teacher's dual after T - k "
+                "half-steps, run with exactly k closures), or both as candidates")
+      ->capture_default_str();
   c->add_option("--kl-ridge", o.kl_ridge, "fixed KL ridge (default: chosen on held-out KL)");
   c->add_option("--kl-iters", o.kl_max_iters, "maximum Newton iterations of the KL fit")->capture_default_str();
   c->add_option("--kl-cache-mb", o.kl_cache_mb, "memory budget for caching KL features (MB)")->capture_default_str();

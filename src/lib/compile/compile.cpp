@@ -85,6 +85,8 @@ Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
              " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
   ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl", "--fit must be 'ls' or 'kl', found '", opt.fit, "'");
+  ASAP_CHECK(opt.targets == "both" || opt.targets == "closure-ready" || opt.targets == "k-matched",
+             "--targets must be both, closure-ready or k-matched, found '", opt.targets, "'");
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
   ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",
              opt.selection_examples);
@@ -129,6 +131,10 @@ std::vector<int> closures_to_evaluate(const std::vector<Fit>& fits, const LayerS
   std::vector<int> k_eval;
   for (const auto& f : fits) {
     int k = 1;
+    if (f.target_k > 0) {  // a k-matched map runs with exactly its k
+      k_eval.push_back(f.target_k);
+      continue;
+    }
     if (f.reference_map) {
       k = opt.max_closures;
     } else {
@@ -164,6 +170,7 @@ std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std
   }
   for (size_t i = 0; i < fits.size(); ++i)
     for (size_t k = 1; k <= fits[i].error_by_k.size(); ++k) {
+      if (fits[i].target_k > 0 && static_cast<int>(k) != fits[i].target_k) continue;
       OperatorCandidate x;
       x.op.kind = OperatorKind::kAsap;
       x.op.family = fits[i].family;
@@ -204,6 +211,8 @@ json fits_json(const std::vector<Fit>& fits) {
     }
     out.push_back(json{{"candidate", f.name()},
                        {"features", f.cand.features},
+                       {"target", f.target_k > 0 ? "k-matched" : "closure-ready"},
+                       {"target_closures", f.target_k},
                        {"family", f.family.name()},
                        {"per_head", f.cand.per_head},
                        {"slices", f.family.slices},
@@ -282,6 +291,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"kl_max_iters", opt.kl_max_iters},
               {"kl_cache_mb", opt.kl_cache_mb},
               {"float64", opt.float64},
+              {"targets", opt.targets},
               {"skip_bad_examples", opt.skip_bad_examples}};
 }
 
@@ -346,7 +356,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     PhaseTimes times;
 
     // 1. Statistics.
-    Statistics st = gather_statistics(stream, sh, s, theta, widest, opt, times);
+    Statistics st = gather_statistics(stream, sh, s, theta, widest, opt, matched_closures(s, opt), times);
     ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
                "' left no training examples (", sh.total, " examples, held-out fraction ",
                opt.heldout_fraction, ")");
@@ -441,7 +451,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       closures = w.op.closures;
     } else {  // no held-out data (or nothing within the budget): the documented default
       fit_index = default_fit(ft.fits);
-      closures = opt.closures > 0 ? opt.closures : default_closures_within(s, ft.fits[fit_index].family, budget);
+      closures = ft.fits[fit_index].target_k > 0 ? ft.fits[fit_index].target_k
+                 : opt.closures > 0            ? opt.closures
+                                               : default_closures_within(s, ft.fits[fit_index].family, budget);
       ch.decision = !can_select ? "too few held-out examples to choose: the documented default map"
                     : !any_asap ? "every ASAP candidate's held-out error is NaN, so none could be chosen on data: the "
                                   "documented default map"
@@ -455,7 +467,10 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       cl.per_head = f.cand.per_head;
       cl.coef = f.coef;
       cl.default_closures = closures;
-      if (opt.fit == "kl") {
+      if (opt.fit == "kl" && f.target_k > 0) {
+        kl_diag = json{{"skipped", "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
+                                   "coefficients"}};
+      } else if (opt.fit == "kl") {
         KlOptions ko;
         ko.ridge = opt.kl_ridge;
         ko.max_iters = opt.kl_max_iters;
@@ -499,6 +514,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     if (cl.kind == OperatorKind::kAsap) {
       const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
       chosen["candidate"] = f.name();
+      chosen["target"] = f.target_k > 0 ? "k-matched" : "closure-ready";
       chosen["family"] = f.family.name();
       chosen["per_head"] = f.cand.per_head;
       chosen["slices"] = f.family.slices;

@@ -39,14 +39,27 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
 bool family_has_slices(const std::string& features) { return features.rfind("slices", 0) == 0; }
 
 std::string Fit::name() const {
-  return cand.features + (cand.per_head ? "/per-head" : "/pooled") + "@L" + std::to_string(family.slices);
+  return cand.features + (cand.per_head ? "/per-head" : "/pooled") + "@L" + std::to_string(family.slices) +
+         (target_k > 0 ? "->k" + std::to_string(target_k) : "");
 }
 
 FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const std::vector<Candidate>& candidates,
                         const std::vector<int64_t>& slice_counts, const std::vector<double>& grid,
                         const CompileOptions& opt, bool can_select) {
   FitTable out;
+  // The closure-ready target, then each k-matched one (docs/decisions.md).
+  struct Target {
+    int k;
+    const LsStats *train, *held;
+  };
+  std::vector<Target> targets;
+  if (opt.targets != "k-matched" || st.matched.empty()) targets.push_back({0, &st.train, &st.held});
+  for (const auto& m : st.matched)
+    if (!m.train.empty()) targets.push_back({m.k, &m.train, &m.held});
+  for (const auto& tg : targets)
   for (const auto& cand : candidates) {
+    const LsStats& train = *tg.train;
+    const LsStats& held = *tg.held;
     const bool reference = cand.features == "slices" && !cand.per_head;  // the paper's map
     json table = json::array();
     double best = std::numeric_limits<double>::infinity();
@@ -63,13 +76,14 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       f.cand = cand;
       f.family = family_of(cand.features, L);
       f.cols = family_columns(widest, f.family);
-      f.reference_map = reference;
+      f.reference_map = reference && tg.k == 0;
+      f.target_k = tg.k;
       json row{{"slices", L}};
       if (opt.ridge >= 0 || !can_select) {
         f.lambda = opt.ridge >= 0 ? opt.ridge : 1e-3;
-        if (can_select) f.dual_mse = ls_mse(st.held, f.cols, solve_ls(st.train, f.cols, cand.per_head, f.lambda));
+        if (can_select) f.dual_mse = ls_mse(held, f.cols, solve_ls(train, f.cols, cand.per_head, f.lambda));
       } else {
-        auto rc = choose_ridge(st.train, st.held, f.cols, cand.per_head, grid);
+        auto rc = choose_ridge(train, held, f.cols, cand.per_head, grid);
         f.lambda = rc.lambda;
         f.dual_mse = rc.heldout_mse;
         row["ridge_grid"] = rc.grid;
@@ -86,7 +100,7 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       } else {
         keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99);
         // The paper's map keeps only its best prefix: it is the reference row, not a contender.
-        if (reference && keep) kept.clear();
+        if (f.reference_map && keep) kept.clear();
       }
       row["kept"] = keep;
       table.push_back(row);
@@ -96,10 +110,11 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       }
     }
     for (auto& f : kept) {
-      f.coef = solve_ls(st.train, f.cols, cand.per_head, f.lambda);
+      f.coef = solve_ls(train, f.cols, cand.per_head, f.lambda);
       out.fits.push_back(std::move(f));
     }
-    out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled")},
+    out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled") +
+                                                  (tg.k > 0 ? "->k" + std::to_string(tg.k) : "")},
                                 {"prefixes", table}});
   }
   return out;

@@ -30,8 +30,16 @@ struct PhaseTimes {
 };
 
 // ---- statistics (statistics.cpp) ----------------------------------------
-struct Statistics {
+// The statistics of a k-matched target (docs/decisions.md): the teacher's
+// row dual after T - k half-steps, which k closures turn into exactly the
+// teacher's plan.
+struct MatchedStats {
+  int k = 0;
   LsStats train, held;
+};
+struct Statistics {
+  LsStats train, held;            // the closure-ready target f* (any k)
+  std::vector<MatchedStats> matched;
   int64_t n_held = 0;
   std::vector<int64_t> held_idx;  // calibration indices of the held-out examples, increasing
   // Examples whose teacher dual or features are not finite (scores that
@@ -43,7 +51,11 @@ struct Statistics {
 // Each rank streams its share and the sums are reduced over ranks, so every
 // rank ends with the statistics of all examples.
 Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const CompileOptions& opt, PhaseTimes& times);
+                             const FeatureFamily& widest, const CompileOptions& opt, const std::vector<int>& matched_k,
+                             PhaseTimes& times);
+// The closure counts k that have a matched target: T - k a row-dual step
+// (odd), 2 <= k <= max_closures, T - k >= 1.
+std::vector<int> matched_closures(const LayerSpec& s, const CompileOptions& opt);
 
 // ---- fits (fits.cpp) ------------------------------------------------------
 // The family named by --features at slice prefix L.
@@ -56,6 +68,7 @@ struct Fit {
   Candidate cand;
   FeatureFamily family;
   std::vector<int64_t> cols;
+  int target_k = 0;                   // 0: the closure-ready target; else k-matched, run with exactly k closures
   double lambda = 0;
   double dual_mse = -1;               // held-out dual MSE (-1: no held-out data)
   at::Tensor coef;

@@ -38,17 +38,19 @@ void reduce_statistics(Communicator* comm, Statistics& st, int64_t H, int64_t P)
     s.c = at::zeros({H}, at::kDouble);
     s.R = at::zeros({H}, at::kDouble);
   };
-  zero_if_empty(st.train);
-  zero_if_empty(st.held);
-  std::vector<at::Tensor> parts{st.train.G, st.train.h, st.train.c, st.train.R,
-                                st.held.G,  st.held.h,  st.held.c,  st.held.R};
+  std::vector<LsStats*> all{&st.train, &st.held};
+  for (auto& m : st.matched) all.push_back(&m.train), all.push_back(&m.held);
+  std::vector<at::Tensor> parts;
+  for (LsStats* x : all) {
+    zero_if_empty(*x);
+    for (const at::Tensor& t : {x->G, x->h, x->c, x->R}) parts.push_back(t);
+  }
   std::vector<double> v;
   for (const auto& t : parts) {
     auto c = t.contiguous();
     v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   }
-  v.push_back(static_cast<double>(st.train.examples));
-  v.push_back(static_cast<double>(st.held.examples));
+  for (LsStats* x : all) v.push_back(static_cast<double>(x->examples));
   v.push_back(static_cast<double>(st.n_held));
   comm->allreduce_sum(v);
   size_t o = 0;
@@ -57,18 +59,28 @@ void reduce_statistics(Communicator* comm, Statistics& st, int64_t H, int64_t P)
     t.copy_(src);
     o += static_cast<size_t>(t.numel());
   }
-  st.train.examples = static_cast<int64_t>(v[o]);
-  st.held.examples = static_cast<int64_t>(v[o + 1]);
-  st.n_held = static_cast<int64_t>(v[o + 2]);
-  if (st.train.examples == 0) st.train = LsStats();
-  if (st.held.examples == 0) st.held = LsStats();
+  for (LsStats* x : all) {
+    x->examples = static_cast<int64_t>(v[o++]);
+    if (x->examples == 0) *x = LsStats();
+  }
+  st.n_held = static_cast<int64_t>(v[o]);
 }
 
 }  // namespace
 
+std::vector<int> matched_closures(const LayerSpec& s, const CompileOptions& opt) {
+  std::vector<int> ks;
+  if (opt.targets == "closure-ready") return ks;
+  for (int k = 2; k <= opt.max_closures && s.T - k >= 1; ++k)
+    if ((s.T - k) % 2 == 1) ks.push_back(k);
+  return ks;
+}
+
 Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const CompileOptions& opt, PhaseTimes& times) {
+                             const FeatureFamily& widest, const CompileOptions& opt, const std::vector<int>& matched_k,
+                             PhaseTimes& times) {
   Statistics st;
+  for (int k : matched_k) st.matched.push_back({k, LsStats(), LsStats()});
   // Test hook: a pause per batch, so that a test can stop a rank mid-compile.
   const char* delay = std::getenv("ASAP_TEST_BATCH_DELAY_MS");
   const int delay_ms = delay ? std::atoi(delay) : 0;
@@ -112,14 +124,19 @@ Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const 
       }
       (in_heldout_split(opt.seed, opt.heldout_fraction, start + e) ? he : tr).push_back(e);
     }
-    auto add = [&](LsStats& acc, const std::vector<int64_t>& idx) {
+    auto add = [&](LsStats& acc, const std::vector<int64_t>& idx, const at::Tensor& target) {
       if (idx.empty()) return;
       auto ix = at::tensor(idx, at::kLong);
-      accumulate_ls(acc, Psi.index_select(0, ix), teacher.phi_bar_star.index_select(0, ix),
-                    m.row_active.index_select(0, ix));
+      accumulate_ls(acc, Psi.index_select(0, ix), target.index_select(0, ix), m.row_active.index_select(0, ix));
     };
-    add(st.train, tr);
-    add(st.held, he);
+    add(st.train, tr, teacher.phi_bar_star);
+    add(st.held, he, teacher.phi_bar_star);
+    // k-matched targets: the closure-ready dual of the loop cut to T - k + 1 half-steps, i.e. f^(T-k).
+    for (auto& mt : st.matched) {
+      auto cut = run_teacher(b.q, b.k, at::Tensor(), b.mask, s.score_scale, s.T - mt.k + 1, convention_of(s), false);
+      add(mt.train, tr, cut.phi_bar_star);
+      add(mt.held, he, cut.phi_bar_star);
+    }
     st.n_held += static_cast<int64_t>(he.size());
     times.statistics += since(t);
     if (opt.progress) opt.progress({s.name, "statistics", start + count - sh.begin, sh.total});
