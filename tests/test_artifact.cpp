@@ -577,3 +577,93 @@ TEST_CASE("artifact: Sinkhorn and teacher operators round trip as format version
                        doctest::Contains("operator has no feature columns"), asap::Error);
   CHECK(!std::filesystem::exists(tmp.file("bad.h5")));
 }
+
+// ---- issue 16, item 8: sizes from the file are not trusted -------------------------
+
+TEST_CASE("artifact: a theta declaring 2^40 x 64 that was never written is refused before anything is allocated") {
+  TempDir tmp;
+  const std::string path = valid(tmp.file("a.h5"));
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/0000");
+    g.unlink("theta");
+    hsize_t dims[2] = {hsize_t{1} << 40, 64}, chunk[2] = {1, 64};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(2, chunk);
+    g.createDataSet("theta", H5::PredType::IEEE_F64LE, H5::DataSpace(2, dims), pl);
+  });
+  CHECK(fs::file_size(path) < 300000);
+  CHECK(read_error(path) == "artifact '" + path +
+                                "': dataset '/layers/0000/theta' declares shape [1099511627776, 64] of float64 in "
+                                "1099511627776 chunks of [1, 64], but only 0 chunks are stored in the file; its data "
+                                "was never written (or the file was cut short or edited), so it is refused");
+}
+
+TEST_CASE("artifact: a theta of 2^40 x 2^40 is refused: its element count overflows") {
+  TempDir tmp;
+  const std::string path = valid(tmp.file("a.h5"));
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/0001");
+    g.unlink("theta");
+    hsize_t dims[2] = {hsize_t{1} << 40, hsize_t{1} << 40}, chunk[2] = {1, 1};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(2, chunk);
+    g.createDataSet("theta", H5::PredType::IEEE_F64LE, H5::DataSpace(2, dims), pl);
+  });
+  CHECK(read_error(path) == "artifact '" + path +
+                                "': dataset '/layers/0001/theta' declares shape [1099511627776, 1099511627776], "
+                                "whose element count overflows 64-bit sizes");
+}
+
+TEST_CASE("artifact: dataset shapes are checked against the layer's attributes before any value is read") {
+  TempDir tmp;
+  // theta holds NaN and coef has the wrong shape: the shape is refused first,
+  // because it is checked from metadata before the data is read.
+  const std::string path = valid(tmp.file("a.h5"));
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/0000");
+    g.unlink("theta");
+    auto t = unit_columns(4, 8);
+    t[0][0] = std::nan("");
+    h5::write_tensor(g, "theta", t, 0, where_of(path));
+    g.unlink("coef");
+    h5::write_tensor(g, "coef", at::zeros({3, 6}, at::kDouble), 0, where_of(path));
+  });
+  CHECK(contains(read_error(path), "(/layers/0000): coef has shape [3, 6] but per_head = true"));
+
+  // heads * head_dim overflowing int64 is refused in words (it was undefined behaviour).
+  const std::string p2 = valid(tmp.file("b.h5"));
+  edit_file(p2, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/0000");
+    h5::write_int_attr(g, "heads", int64_t{1} << 62, where_of(p2));
+    h5::write_int_attr(g, "per_head", 0, where_of(p2));
+    g.unlink("coef");
+    h5::write_tensor(g, "coef", at::zeros({1, 7}, at::kDouble), 0, where_of(p2));
+  });
+  CHECK(read_error(p2) == "artifact '" + p2 +
+                              "': layer 'blocks.0.attn' (/layers/0000): heads * head_dim or heads * value_dim "
+                              "overflows 64-bit sizes (heads = 4611686018427387904, head_dim = 4, value_dim = 5)");
+
+  // A huge 'slices' attribute is refused before slices + 3 columns could overflow.
+  const std::string p3 = valid(tmp.file("c.h5"));
+  edit_file(p3, [&](H5::H5File& f) {
+    h5::write_int_attr(f.openGroup("/layers/0000"), "slices", INT64_MAX, where_of(p3));
+  });
+  CHECK(contains(read_error(p3), "(/layers/0000): attribute 'slices' must be in 0..2147483648, found "
+                                 "9223372036854775807"));
+}
+
+TEST_CASE("artifact: an unwritten fixed-length fit_json string is refused instead of allocating its declared size") {
+  TempDir tmp;
+  const std::string path = valid(tmp.file("a.h5"));
+  edit_file(path, [&](H5::H5File& f) {
+    H5::Group g = f.openGroup("/layers/0000");
+    g.unlink("fit_json");
+    H5::StrType st(H5::PredType::C_S1, size_t{1} << 31);  // 2 GiB, declared only
+    H5::DSetCreatPropList pl;
+    pl.setLayout(H5D_CONTIGUOUS);
+    H5Pset_alloc_time(pl.getId(), H5D_ALLOC_TIME_LATE);
+    g.createDataSet("fit_json", st, H5::DataSpace(H5S_SCALAR), pl);
+  });
+  CHECK(contains(read_error(path), "': dataset '/layers/0000/fit_json' declares shape [] of "
+                                   "string (2147483648 bytes), but only 0 bytes are stored in the file"));
+}

@@ -470,3 +470,87 @@ TEST_CASE("calib: a set of files reads as one, numbered through in order") {
   asap::write_calib(tmp.file("fewer.h5"), fewer);
   CHECK(contains(error_of([&] { asap::CalibFile bad({paths[0], tmp.file("fewer.h5")}); }), "holds other layers than"));
 }
+
+// ---- issue 16, item 9: declared data that was never written ----------------------
+
+namespace {
+
+// A calibration file whose layer 'l0' has dataset x [N, n, d] float32 made by
+// `make` (which creates it under the given group, possibly without data).
+std::string calib_with_x(const TempDir& tmp, const std::string& name,
+                         const std::function<void(H5::Group&)>& make) {
+  const std::string path = tmp.file(name);
+  H5::H5File f(path, H5F_ACC_TRUNC);
+  asap::detail::h5::Where w = where_of(path);
+  asap::detail::h5::write_string_attr(f, "format", asap::kCalibFormat, w);
+  asap::detail::h5::write_int_attr(f, "version", asap::kCalibVersion, w);
+  H5::Group g = f.createGroup("layers").createGroup("l0");
+  make(g);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("calib: 2^40 examples declared in chunks that were never written are refused, naming file and dataset") {
+  TempDir tmp;
+  const std::string path = calib_with_x(tmp, "unwritten.h5", [](H5::Group& g) {
+    hsize_t dims[3] = {hsize_t{1} << 40, 17, 32}, maxd[3] = {H5S_UNLIMITED, 17, 32}, chunk[3] = {64, 17, 32};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(3, chunk);
+    pl.setDeflate(4);
+    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims, maxd), pl);
+  });
+  CHECK(std::filesystem::file_size(path) < 100000);
+  const std::string msg = error_of([&] { asap::CalibFile cf(path); });
+  CHECK(msg == "calibration file '" + path +
+                   "': dataset '/layers/l0/x' declares shape [1099511627776, 17, 32] of float32 in 17179869184 chunks "
+                   "of [64, 17, 32], but only 0 chunks are stored in the file; its data was never written (or the "
+                   "file was cut short or edited), so it is refused");
+}
+
+TEST_CASE("calib: a partly written chunked dataset and an unwritten contiguous one are refused") {
+  TempDir tmp;
+  // 256 examples declared in chunks of 64; only the first chunk written.
+  const std::string part = calib_with_x(tmp, "part.h5", [](H5::Group& g) {
+    hsize_t dims[3] = {256, 3, 2}, chunk[3] = {64, 3, 2};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(3, chunk);
+    H5::DataSet ds = g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims), pl);
+    std::vector<float> first(64 * 3 * 2, 1.0f);
+    hsize_t cnt[3] = {64, 3, 2}, off[3] = {0, 0, 0};
+    H5::DataSpace fspace = ds.getSpace();
+    fspace.selectHyperslab(H5S_SELECT_SET, cnt, off);
+    ds.write(first.data(), H5::PredType::NATIVE_FLOAT, H5::DataSpace(3, cnt), fspace);
+  });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(part); }),
+                 "dataset '/layers/l0/x' declares shape [256, 3, 2] of float32 in 4 chunks of [64, 3, 2], but only 1 "
+                 "chunk is stored in the file"));
+
+  // Contiguous, space allocated late and never written: reads would be fill-value zeros.
+  const std::string contig = calib_with_x(tmp, "contig.h5", [](H5::Group& g) {
+    hsize_t dims[3] = {4096, 8, 8};
+    H5::DSetCreatPropList pl;
+    pl.setLayout(H5D_CONTIGUOUS);
+    H5Pset_alloc_time(pl.getId(), H5D_ALLOC_TIME_LATE);
+    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims), pl);
+  });
+  CHECK(contains(error_of([&] { asap::CalibFile cf(contig); }),
+                 "': dataset '/layers/l0/x' declares shape [4096, 8, 8] of float32 (1048576 bytes), but only 0 bytes "
+                 "are stored in the file"));
+}
+
+TEST_CASE("calib: compressed datasets whose every chunk is stored are read (compression is allowed for)") {
+  TempDir tmp;
+  const std::string path = calib_with_x(tmp, "gzip.h5", [](H5::Group& g) {
+    hsize_t dims[3] = {300, 4, 8}, chunk[3] = {64, 4, 8};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(3, chunk);
+    pl.setDeflate(9);
+    std::vector<float> zeros(300 * 4 * 8, 0.0f);  // compresses far below its declared size
+    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims), pl)
+        .write(zeros.data(), H5::PredType::NATIVE_FLOAT);
+  });
+  asap::CalibFile cf(path);
+  CHECK(cf.info("l0").N == 300);
+  CHECK(cf.read("l0", 256, 44).x.size(0) == 44);
+}

@@ -180,3 +180,11 @@ TEST_CASE("spec: asapc inspect refuses a checkpoint with no known attention layo
   CHECK(out.find("the checkpoint does not say T (Sinkhorn budget") != std::string::npos);
   CHECK(out.find("heads (number of attention heads; pass --heads)") != std::string::npos);
 }
+
+TEST_CASE("spec: a number beyond double's range is refused as invalid JSON, not an internal error (fuzz finding)") {
+  asap_test::TempDir dir;
+  const std::string path = dir / "s.json";
+  std::ofstream(path) << "{\"format\": \"asapc-teacher-spec\", \"version\": 1, \"layers\": [{\"T\": 1e666}]}";
+  const std::string msg = asap_test::error_of([&] { asap::read_spec(path); });
+  CHECK(msg.find("not valid JSON") != std::string::npos);
+}

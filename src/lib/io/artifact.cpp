@@ -14,6 +14,7 @@
 #include <cmath>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "asap/error.h"
@@ -88,6 +89,9 @@ constexpr const char* kFeatSliced = "sliced_potential";
 constexpr const char* kFeatAlpha = "alpha";
 constexpr const char* kFeatSoftmax = "softmax_dual";
 constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";  // format version 2
+// Largest slice count a layer may declare: keeps slices + 3 columns and the
+// shape arithmetic far from int64 overflow (any real bank is far smaller).
+constexpr int64_t kMaxSlices = int64_t{1} << 31;
 
 std::string file_desc(const std::string& path) { return asap::str("artifact '", path, "'"); }
 
@@ -146,18 +150,41 @@ bool all_finite(const at::Tensor& t) {
 
 // ---- shared validation -------------------------------------------------------
 
-void check_weight(const at::Tensor& t, const char* field, std::vector<int64_t> expected, const std::string& where) {
+// Shapes of a layer's tensors: taken from the tensors (writer, and after a
+// read), or from the file's metadata before anything is read, so a hostile
+// file is refused before a single byte is allocated for it (issue 16, item 8).
+using Shape = std::optional<std::vector<int64_t>>;  // nullopt = absent
+struct LayerShapes {
+  Shape theta, coef, wq, bq, wk, bk, wv, bv, wo, bo;
+};
+
+Shape shape_of(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
+}
+
+LayerShapes shapes_of(const CompiledLayer& L) {
+  const LayerWeights& W = L.weights;
+  return {shape_of(L.theta), shape_of(L.coef), shape_of(W.wq), shape_of(W.bq), shape_of(W.wk),
+          shape_of(W.bk),    shape_of(W.wv),   shape_of(W.bv), shape_of(W.wo), shape_of(W.bo)};
+}
+
+void check_weight_shape(const Shape& got, const char* field, const std::vector<int64_t>& expected,
+                        const std::string& where) {
+  if (!got) return;
+  ASAP_CHECK(*got == expected, where, ": weights/", field, " has shape ", h5::shape_str(*got), ", expected ",
+             h5::shape_str(expected));
+}
+
+void check_weight_values(const at::Tensor& t, const char* field, const std::string& where) {
   if (!t.defined()) return;
   ASAP_CHECK(at::isFloatingType(t.scalar_type()), where, ": weights/", field, " should be floating point, found ",
              t.scalar_type());
-  std::vector<int64_t> got(t.sizes().begin(), t.sizes().end());
-  ASAP_CHECK(got == expected, where, ": weights/", field, " has shape ", h5::shape_str(got), ", expected ",
-             h5::shape_str(expected));
   ASAP_CHECK(all_finite(t), where, ": weights/", field, " contains NaN/Inf");
 }
 
-// Everything a consumer relies on; `w.obj` is the layer's group path.
-void check_layer(const CompiledLayer& L, const h5::Where& w) {
+// Everything about a layer but the tensors' values; `w.obj` is the layer's group path.
+void check_layer_shapes(const CompiledLayer& L, const LayerShapes& sh, const h5::Where& w) {
   const LayerSpec& s = L.spec;
   const std::string where = at_layer(w, s.name);
   ASAP_CHECK(!s.name.empty(), w.file, ": layer at ", w.obj, " has an empty name");
@@ -176,7 +203,8 @@ void check_layer(const CompiledLayer& L, const h5::Where& w) {
              ": head_layout must be \"(h d)\" or \"(d h)\", found \"", s.head_layout, "\"");
 
   const FeatureFamily& fam = L.family;
-  ASAP_CHECK(fam.slices >= 0, where, ": slices must be >= 0, found ", fam.slices);
+  ASAP_CHECK(fam.slices >= 0 && fam.slices <= kMaxSlices, where, ": slices must be in 0..", kMaxSlices, ", found ",
+             fam.slices);
   if (L.kind == OperatorKind::kAsap) {
     ASAP_CHECK(fam.num_columns() >= 1, where, ": the feature family has no columns");
     ASAP_CHECK(L.sinkhorn_steps == 0, where, ": sinkhorn_steps must be 0 for an ASAP operator, found ",
@@ -193,11 +221,53 @@ void check_layer(const CompiledLayer& L, const h5::Where& w) {
   }
   ASAP_CHECK(L.default_closures >= 1, where, ": default_closures must be >= 1, found ", L.default_closures);
 
-  ASAP_CHECK(L.theta.defined(), where, ": theta is undefined");
-  ASAP_CHECK(L.theta.dim() == 2 && L.theta.size(0) == s.head_dim, where, ": theta has shape ",
-             h5::shape_str(L.theta.sizes()), " but should be [head_dim, slices] with head_dim = ", s.head_dim);
-  ASAP_CHECK(L.theta.size(1) >= fam.slices, where, ": theta has ", L.theta.size(1),
-             " columns but the feature family ", fam.name(), " uses ", fam.slices, " slices");
+  ASAP_CHECK(sh.theta.has_value(), where, ": theta is undefined");
+  const std::vector<int64_t>& theta = *sh.theta;
+  ASAP_CHECK(theta.size() == 2 && theta[0] == s.head_dim, where, ": theta has shape ", h5::shape_str(theta),
+             " but should be [head_dim, slices] with head_dim = ", s.head_dim);
+  ASAP_CHECK(theta[1] >= fam.slices, where, ": theta has ", theta[1], " columns but the feature family ", fam.name(),
+             " uses ", fam.slices, " slices");
+
+  const int64_t G = L.per_head ? s.heads : 1;
+  ASAP_CHECK(sh.coef.has_value(), where, ": coef is undefined");
+  const std::vector<int64_t>& coef = *sh.coef;
+  ASAP_CHECK(coef.size() == 2 && coef[0] == G && coef[1] == fam.num_columns(), where, ": coef has shape ",
+             h5::shape_str(coef), " but per_head = ", L.per_head ? "true" : "false", " and the feature family ",
+             fam.name(), " has ", fam.num_columns(), fam.num_columns() == 1 ? " column" : " columns",
+             ", so expected [", G, ", ", fam.num_columns(), "]");
+
+  if (!sh.wq) {
+    ASAP_CHECK(!sh.bq && !sh.wk && !sh.bk && !sh.wv && !sh.bv && !sh.wo && !sh.bo, where,
+               ": weights are given without weights/wq");
+  } else {
+    ASAP_CHECK(sh.wk && sh.wv, where, ": weights/wq is given but weights/", sh.wk ? "wv" : "wk", " is missing");
+    ASAP_CHECK(s.d_model >= 1 && s.value_dim >= 1, where, ": a layer with projection weights needs d_model >= 1 and value_dim >= 1, found ",
+               s.d_model, " and ", s.value_dim);
+    int64_t hq = 0, hv = 0;
+    ASAP_CHECK(h5::mul_ok(s.heads, s.head_dim, &hq) && h5::mul_ok(s.heads, s.value_dim, &hv), where,
+               ": heads * head_dim or heads * value_dim overflows 64-bit sizes (heads = ", s.heads,
+               ", head_dim = ", s.head_dim, ", value_dim = ", s.value_dim, ")");
+    check_weight_shape(sh.wq, "wq", {hq, s.d_model}, where);
+    check_weight_shape(sh.bq, "bq", {hq}, where);
+    check_weight_shape(sh.wk, "wk", {hq, s.d_model}, where);
+    check_weight_shape(sh.bk, "bk", {hq}, where);
+    check_weight_shape(sh.wv, "wv", {hv, s.d_model}, where);
+    check_weight_shape(sh.bv, "bv", {hv}, where);
+    if (sh.wo) {
+      ASAP_CHECK(sh.wo->size() == 2, where, ": weights/wo should be [d_out, heads*value_dim], found ",
+                 h5::shape_str(*sh.wo));
+      check_weight_shape(sh.wo, "wo", {(*sh.wo)[0], hv}, where);
+      check_weight_shape(sh.bo, "bo", {(*sh.wo)[0]}, where);
+    } else {
+      ASAP_CHECK(!sh.bo, where, ": weights/bo is given without weights/wo");
+    }
+  }
+}
+
+// Everything a consumer relies on; `w.obj` is the layer's group path.
+void check_layer(const CompiledLayer& L, const h5::Where& w) {
+  check_layer_shapes(L, shapes_of(L), w);
+  const std::string where = at_layer(w, L.spec.name);
   ASAP_CHECK(all_finite(L.theta), where, ": theta contains NaN/Inf");
   {
     // Slice directions are unit vectors; allow float32 round-off.
@@ -211,42 +281,16 @@ void check_layer(const CompiledLayer& L, const h5::Where& w) {
                  "; slice directions must be unit vectors");
     }
   }
-
-  const int64_t G = L.per_head ? s.heads : 1;
-  ASAP_CHECK(L.coef.defined(), where, ": coef is undefined");
-  ASAP_CHECK(L.coef.dim() == 2 && L.coef.size(0) == G && L.coef.size(1) == fam.num_columns(), where,
-             ": coef has shape ", h5::shape_str(L.coef.sizes()), " but per_head = ", L.per_head ? "true" : "false",
-             " and the feature family ", fam.name(), " has ", fam.num_columns(),
-             fam.num_columns() == 1 ? " column" : " columns", ", so expected [", G, ", ",
-             fam.num_columns(), "]");
   ASAP_CHECK(all_finite(L.coef), where, ": coef contains NaN/Inf");
-
   const LayerWeights& W = L.weights;
-  if (!W.wq.defined()) {
-    ASAP_CHECK(!W.bq.defined() && !W.wk.defined() && !W.bk.defined() && !W.wv.defined() && !W.bv.defined() &&
-                   !W.wo.defined() && !W.bo.defined(),
-               where, ": weights are given without weights/wq");
-  } else {
-    ASAP_CHECK(W.wk.defined() && W.wv.defined(), where, ": weights/wq is given but weights/",
-               W.wk.defined() ? "wv" : "wk", " is missing");
-    ASAP_CHECK(s.d_model >= 1 && s.value_dim >= 1, where, ": a layer with projection weights needs d_model >= 1 and value_dim >= 1, found ",
-               s.d_model, " and ", s.value_dim);
-    const int64_t hq = s.heads * s.head_dim, hv = s.heads * s.value_dim;
-    check_weight(W.wq, "wq", {hq, s.d_model}, where);
-    check_weight(W.bq, "bq", {hq}, where);
-    check_weight(W.wk, "wk", {hq, s.d_model}, where);
-    check_weight(W.bk, "bk", {hq}, where);
-    check_weight(W.wv, "wv", {hv, s.d_model}, where);
-    check_weight(W.bv, "bv", {hv}, where);
-    if (W.wo.defined()) {
-      ASAP_CHECK(W.wo.dim() == 2, where, ": weights/wo should be [d_out, heads*value_dim], found ",
-                 h5::shape_str(W.wo.sizes()));
-      check_weight(W.wo, "wo", {W.wo.size(0), hv}, where);
-      check_weight(W.bo, "bo", {W.wo.size(0)}, where);
-    } else {
-      ASAP_CHECK(!W.bo.defined(), where, ": weights/bo is given without weights/wo");
-    }
-  }
+  check_weight_values(W.wq, "wq", where);
+  check_weight_values(W.bq, "bq", where);
+  check_weight_values(W.wk, "wk", where);
+  check_weight_values(W.bk, "bk", where);
+  check_weight_values(W.wv, "wv", where);
+  check_weight_values(W.bv, "bv", where);
+  check_weight_values(W.wo, "wo", where);
+  check_weight_values(W.bo, "bo", where);
 }
 
 // ---- writer ----------------------------------------------------------------------
@@ -313,17 +357,24 @@ void write_layer(const H5::Group& g, const CompiledLayer& L, const h5::Where& w)
 
 // ---- reader ----------------------------------------------------------------------
 
-// Opens a required 2-D-or-other float dataset and reads it; `field` for messages.
-at::Tensor read_float_dataset(const H5::Group& g, const char* field, const h5::Where& w, const std::string& where,
-                              bool keep_dtype) {
+// Opens a float dataset and returns its metadata (shape, type), refusing
+// other types and extents not backed by stored data; nothing is read.
+h5::DatasetInfo float_dataset_info(const H5::Group& g, const char* field, const h5::Where& w,
+                                   const std::string& where) {
   ASAP_CHECK(h5::has_link(g, field), where, ": required dataset '", field, "' is missing");
   H5::DataSet ds = h5::open_dataset(g, field, w);
-  h5::Where dw = w.child(field);
-  h5::DatasetInfo di = h5::dataset_info(ds, dw);
+  h5::DatasetInfo di = h5::dataset_info(ds, w.child(field));
   ASAP_CHECK(di.cls == H5T_FLOAT && (di.size == 4 || di.size == 8), where, ": dataset '", field,
              "' should be float32 or float64, found ", di.type_name());
+  return di;
+}
+
+// Reads a float dataset whose metadata float_dataset_info() accepted.
+at::Tensor read_float_dataset(const H5::Group& g, const char* field, const h5::DatasetInfo& di, const h5::Where& w,
+                              bool keep_dtype) {
+  H5::DataSet ds = h5::open_dataset(g, field, w);
   at::ScalarType dt = keep_dtype && di.size == 4 ? at::kFloat : at::kDouble;
-  return h5::read_all(ds, dt, dw);
+  return h5::read_all(ds, dt, w.child(field));
 }
 
 CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_version) {
@@ -413,6 +464,8 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
     ASAP_CHECK(seen.insert(f).second, where, ": attribute 'features' lists '", f, "' twice");
   }
   L.family.slices = I("slices");
+  ASAP_CHECK(L.family.slices >= 0 && L.family.slices <= kMaxSlices, where, ": attribute 'slices' must be in 0..",
+             kMaxSlices, ", found ", L.family.slices);
   L.family.alpha = seen.count(kFeatAlpha) != 0;
   L.family.softmax_dual = seen.count(kFeatSoftmax) != 0;
   L.family.sinkhorn_dual3 = seen.count(kFeatSinkhorn3) != 0;
@@ -432,32 +485,42 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
              closures);
   L.default_closures = static_cast<int>(closures);
 
-  // Check shapes from metadata before reading the data.
-  for (const char* field : {"theta", "coef"}) {
-    ASAP_CHECK(h5::has_link(g, field), where, ": required dataset '", field, "' is missing");
-    h5::DatasetInfo di = h5::dataset_info(h5::open_dataset(g, field, lw), lw.child(field));
-    ASAP_CHECK(di.shape.size() == 2, where, ": dataset '", field, "' should be 2-D, found shape ",
-               h5::shape_str(di.shape));
-  }
-  L.theta = read_float_dataset(g, "theta", lw, where, false);
-  L.coef = read_float_dataset(g, "coef", lw, where, false);
-
-  if (h5::has_link(g, "fit_json")) {
-    L.fit_json = h5::read_string_dataset(g, "fit_json", lw);
-  } else if (h5::has_attr(g, "fit_json")) {
-    L.fit_json = S("fit_json");
-  }
-
+  // Every dataset's type, shape and stored extent is checked against the
+  // layer's attributes from metadata alone, before any data is read.
+  LayerShapes sh;
+  // Datasets are named by their path alone ("/layers/0000/theta").
+  const h5::DatasetInfo theta_info = float_dataset_info(g, "theta", w, where);
+  const h5::DatasetInfo coef_info = float_dataset_info(g, "coef", w, where);
+  sh.theta = theta_info.shape;
+  sh.coef = coef_info.shape;
+  std::optional<H5::Group> wg;
+  h5::Where ww = w.child("weights");
+  LayerWeights& W = L.weights;
+  const std::pair<const char*, at::Tensor*> wfields[] = {{"wq", &W.wq}, {"bq", &W.bq}, {"wk", &W.wk},
+                                                         {"bk", &W.bk}, {"wv", &W.wv}, {"bv", &W.bv},
+                                                         {"wo", &W.wo}, {"bo", &W.bo}};
+  Shape* wshapes[] = {&sh.wq, &sh.bq, &sh.wk, &sh.bk, &sh.wv, &sh.bv, &sh.wo, &sh.bo};
+  std::vector<std::optional<h5::DatasetInfo>> winfo(8);
   if (h5::has_link(g, "weights")) {
     ASAP_CHECK(h5::is_group(g, "weights"), where, ": 'weights' should be a group");
-    H5::Group wg = h5::guarded(lw, "opening group 'weights'", [&] { return g.openGroup("weights"); });
-    h5::Where ww = lw.child("weights");
-    LayerWeights& W = L.weights;
-    const std::pair<const char*, at::Tensor*> fields[] = {{"wq", &W.wq}, {"bq", &W.bq}, {"wk", &W.wk},
-                                                          {"bk", &W.bk}, {"wv", &W.wv}, {"bv", &W.bv},
-                                                          {"wo", &W.wo}, {"bo", &W.bo}};
-    for (const auto& [name, t] : fields)
-      if (h5::has_link(wg, name)) *t = read_float_dataset(wg, name, ww, where + ": weights", true);
+    wg = h5::guarded(lw, "opening group 'weights'", [&] { return g.openGroup("weights"); });
+    for (size_t i = 0; i < 8; ++i) {
+      if (!h5::has_link(*wg, wfields[i].first)) continue;
+      winfo[i] = float_dataset_info(*wg, wfields[i].first, ww, where + ": weights");
+      *wshapes[i] = winfo[i]->shape;
+    }
+  }
+  check_layer_shapes(L, sh, w);
+
+  L.theta = read_float_dataset(g, "theta", theta_info, w, false);
+  L.coef = read_float_dataset(g, "coef", coef_info, w, false);
+  for (size_t i = 0; i < 8; ++i)
+    if (winfo[i]) *wfields[i].second = read_float_dataset(*wg, wfields[i].first, *winfo[i], ww, true);
+
+  if (h5::has_link(g, "fit_json")) {
+    L.fit_json = h5::read_string_dataset(g, "fit_json", w);
+  } else if (h5::has_attr(g, "fit_json")) {
+    L.fit_json = S("fit_json");
   }
   check_layer(L, w);
   return L;
@@ -543,7 +606,8 @@ Artifact read_artifact(const std::string& path) {
     ASAP_CHECK(by_index.count(i), fd, ": layer group ", i, " is missing under '/layers' (num_layers = ", num_layers, ")");
 
   std::set<std::string> names;
-  for (const auto& [idx, gname] : by_index) {
+  for (const auto& entry : by_index) {
+    const std::string& gname = entry.second;  // not a structured binding: clang 14 cannot capture those
     h5::Where gw = lw.child(gname);
     H5::Group g = h5::guarded(lw, asap::str("opening group '", gname, "'"), [&] { return lg.openGroup(gname); });
     CompiledLayer L = read_layer(g, gw, version);

@@ -3,9 +3,12 @@
 #include "util/atomic_file.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <cstring>
@@ -105,7 +108,12 @@ std::vector<std::string> read_strings(const H5::Attribute& a, size_t n) {
     }
   } else {
     size_t size = st.getSize();
-    std::vector<char> buf(n * size + 1, '\0');
+    size_t total = 0;
+    if (__builtin_mul_overflow(n, size, &total) || total > (size_t{1} << 40)) {
+      last_message().clear();  // the detail is this one, not an earlier HDF5 error's
+      throw H5::AttributeIException("read_strings", asap::str(n, " strings of ", size, " bytes overflow 64-bit sizes"));
+    }
+    std::vector<char> buf(total + 1, '\0');
     a.read(st, buf.data());
     H5T_str_t pad = st.getStrpad();
     for (size_t i = 0; i < n; ++i) out.push_back(trim_fixed(buf.data() + i * size, size, pad));
@@ -439,6 +447,28 @@ void write_double_attr(const H5::H5Object& o, const std::string& name, double va
 
 std::string DatasetInfo::type_name() const { return class_name(cls, size, is_signed); }
 
+bool mul_ok(int64_t a, int64_t b, int64_t* out) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return false;
+  *out = r;
+  return true;
+}
+
+bool add_ok(int64_t a, int64_t b, int64_t* out) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return false;
+  *out = r;
+  return true;
+}
+
+bool numel_ok(const std::vector<int64_t>& shape, int64_t* out) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (!mul_ok(n, d, &n)) return false;
+  *out = n;
+  return true;
+}
+
 H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Where& w) {
   Where cw = w.child(name);
   ASAP_CHECK(has_link(g, name), w.file, ": dataset '", cw.obj, "' is missing");
@@ -446,7 +476,10 @@ H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Wher
   return guarded(cw, "opening the dataset", [&] { return g.openDataSet(name); });
 }
 
-DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w) {
+namespace {
+
+// Shape and type from metadata only (no storage check).
+DatasetInfo declared_info(const H5::DataSet& ds, const Where& w) {
   return guarded(w, "reading the dataset's shape and type", [&] {
     DatasetInfo info;
     H5::DataSpace sp = ds.getSpace();
@@ -454,12 +487,88 @@ DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w) {
     int rank = sp.getSimpleExtentNdims();
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     if (rank > 0) sp.getSimpleExtentDims(dims.data());
-    for (hsize_t d : dims) info.shape.push_back(static_cast<int64_t>(d));
+    for (hsize_t d : dims) {
+      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ",
+                 d, ", which does not fit in 64-bit signed sizes");
+      info.shape.push_back(static_cast<int64_t>(d));
+    }
+    ASAP_CHECK(numel_ok(info.shape, &info.numel), w.file, ": dataset '", w.obj, "' declares shape ",
+               shape_str(info.shape), ", whose element count overflows 64-bit sizes");
     info.cls = ds.getTypeClass();
     info.size = ds.getDataType().getSize();
     if (info.cls == H5T_INTEGER) info.is_signed = ds.getIntType().getSign() != H5T_SGN_NONE;
     return info;
   });
+}
+
+struct PlistCloser {
+  hid_t id;
+  ~PlistCloser() {
+    if (id >= 0) H5Pclose(id);
+  }
+};
+
+std::string hdf5_detail() {
+  std::string d = last_message();
+  last_message().clear();
+  return d.empty() ? "unknown HDF5 error" : d;
+}
+
+}  // namespace
+
+void check_stored(const H5::DataSet& ds, const DatasetInfo& info, const Where& w) {
+  if (info.numel == 0) return;  // nothing declared, nothing to back it
+  last_message().clear();
+  PlistCloser dcpl{H5Dget_create_plist(ds.getId())};
+  if (dcpl.id < 0)
+    throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while reading its storage layout: ", hdf5_detail()));
+  const H5D_layout_t layout = H5Pget_layout(dcpl.id);
+  const int external = H5Pget_external_count(dcpl.id);
+  ASAP_CHECK(layout != H5D_VIRTUAL && external <= 0, w.file, ": dataset '", w.obj,
+             "' keeps its data outside the file (", layout == H5D_VIRTUAL ? "virtual" : "external",
+             " storage), which asapc does not read");
+  int64_t bytes = 0;
+  const bool fits = mul_ok(info.numel, static_cast<int64_t>(info.size), &bytes);
+  const std::string declared = asap::str("declares shape ", shape_str(info.shape), " of ", info.type_name());
+  const char* why = "; its data was never written (or the file was cut short or edited), so it is refused";
+  if (layout == H5D_CHUNKED) {
+    const int rank = static_cast<int>(info.shape.size());
+    std::vector<hsize_t> chunk(static_cast<size_t>(std::max(rank, 1)), 0);
+    last_message().clear();
+    ASAP_CHECK(H5Pget_chunk(dcpl.id, rank, chunk.data()) == rank, w.file, ": dataset '", w.obj,
+               "' is chunked but its chunk shape cannot be read: ", hdf5_detail());
+    // Chunks the extent needs: prod ceil(dim / chunk), saturating at INT64_MAX.
+    int64_t needed = 1;
+    std::vector<int64_t> cshape;
+    for (int i = 0; i < rank; ++i) {
+      const hsize_t c = chunk[static_cast<size_t>(i)];
+      ASAP_CHECK(c >= 1, w.file, ": dataset '", w.obj, "' declares a chunk dimension of 0");
+      cshape.push_back(static_cast<int64_t>(std::min<hsize_t>(c, INT64_MAX)));
+      const hsize_t d = static_cast<hsize_t>(info.shape[static_cast<size_t>(i)]);
+      const int64_t per = static_cast<int64_t>(d / c + (d % c != 0));
+      if (!mul_ok(needed, per, &needed)) needed = INT64_MAX;
+    }
+    hsize_t stored = 0;
+    last_message().clear();
+    H5::DataSpace fspace = guarded(w, "reading the dataset's shape", [&] { return ds.getSpace(); });
+    if (H5Dget_num_chunks(ds.getId(), fspace.getId(), &stored) < 0)
+      throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while counting its stored chunks: ", hdf5_detail()));
+    ASAP_CHECK(fits && stored >= static_cast<hsize_t>(needed), w.file, ": dataset '", w.obj, "' ", declared, " in ",
+               needed, needed == 1 ? " chunk" : " chunks", " of ", shape_str(cshape), ", but only ", stored,
+               stored == 1 ? " chunk is" : " chunks are", " stored in the file", why);
+  } else {
+    // Contiguous or compact: the bytes themselves must be there.
+    const hsize_t stored = H5Dget_storage_size(ds.getId());
+    ASAP_CHECK(fits && stored >= static_cast<hsize_t>(bytes), w.file, ": dataset '", w.obj, "' ", declared, " (",
+               fits ? asap::str(bytes) : std::string("more than 2^63"), " bytes), but only ", stored,
+               " bytes are stored in the file", why);
+  }
+}
+
+DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w) {
+  DatasetInfo info = declared_info(ds, w);
+  check_stored(ds, info, w);
+  return info;
 }
 
 at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype,
@@ -470,15 +579,22 @@ at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::Sc
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     if (rank > 0) fspace.getSimpleExtentDims(dims.data());
 
-    std::vector<int64_t> shape(dims.begin(), dims.end());
+    std::vector<int64_t> shape;
+    for (hsize_t d : dims) {
+      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ",
+                 d, ", which does not fit in 64-bit signed sizes");
+      shape.push_back(static_cast<int64_t>(d));
+    }
     if (rank > 0 && count >= 0) {
-      ASAP_ASSERT(start >= 0 && start + count <= shape[0]);
+      int64_t end = 0;
+      ASAP_ASSERT(start >= 0 && add_ok(start, count, &end) && end <= shape[0]);
       shape[0] = count;
     } else {
       start = 0;
     }
-    int64_t numel = 1;
-    for (int64_t s : shape) numel *= s;
+    int64_t numel = 0;
+    ASAP_CHECK(numel_ok(shape, &numel), w.file, ": dataset '", w.obj, "' declares shape ", shape_str(shape),
+               ", whose element count overflows 64-bit sizes");
 
     // Enums (h5py bools) do not convert to plain numbers in HDF5: read them
     // with their native enum type into an integer of the same size.
@@ -495,7 +611,16 @@ at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::Sc
       ~CloseType() { if (id >= 0) H5Tclose(id); }
     } close_enum{enum_native};
 
-    at::Tensor out = at::empty(shape, at::TensorOptions().dtype(read_dtype));
+    int64_t bytes = 0;
+    ASAP_CHECK(mul_ok(numel, static_cast<int64_t>(c10::elementSize(read_dtype)), &bytes), w.file, ": dataset '",
+               w.obj, "' declares shape ", shape_str(shape), ", whose size in bytes overflows 64-bit sizes");
+    at::Tensor out;
+    try {
+      out = at::empty(shape, at::TensorOptions().dtype(read_dtype));
+    } catch (const c10::Error&) {
+      throw Error(asap::str(w.file, ": dataset '", w.obj, "' of shape ", shape_str(shape), " needs ", bytes,
+                            " bytes of memory, which cannot be allocated"));
+    }
     if (numel > 0) {
       H5::DataSpace mspace = H5::DataSpace(H5S_SCALAR);
       if (rank > 0) {
@@ -561,6 +686,7 @@ std::string read_string_dataset(const H5::Group& g, const std::string& name, con
                "' should hold a string, found ", class_name(ds.getTypeClass(), ds.getDataType().getSize()));
     hssize_t n = ds.getSpace().getSimpleExtentNpoints();
     ASAP_CHECK(n == 1, w.file, ": dataset '", cw.obj, "' should hold one string, found ", n);
+    check_stored(ds, declared_info(ds, cw), cw);  // a fixed-length type may declare up to 4 GiB
     H5::StrType st = ds.getStrType();
     if (st.isVariableStr()) {
       char* p = nullptr;

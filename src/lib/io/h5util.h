@@ -93,10 +93,29 @@ struct DatasetInfo {
   H5T_class_t cls = H5T_NO_CLASS;
   size_t size = 0;  // bytes per element in the file
   bool is_signed = true;  // integers only
+  int64_t numel = 0;  // product of shape (checked: never overflows)
   std::string type_name() const;  // "float32", "int64", "uint8", "string", ...
 };
 H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Where& w);
+// Shape and type from metadata, then check_stored(): a dataset whose declared
+// extent is not backed by data in the file is refused here, before anyone
+// allocates or streams it (issue 16, items 8 and 9).
 DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w);
+
+// ---- overflow-safe sizes ---------------------------------------------------------
+// a * b and a + b for non-negative sizes; false (and *out untouched) on overflow.
+bool mul_ok(int64_t a, int64_t b, int64_t* out);
+bool add_ok(int64_t a, int64_t b, int64_t* out);
+// Product of `shape` (every entry >= 0); false on overflow.
+bool numel_ok(const std::vector<int64_t>& shape, int64_t* out);
+
+// Refuses (asap::Error naming w.file and w.obj, one sentence) a dataset whose
+// declared extent is not backed by stored data: contiguous storage smaller
+// than shape * element size, chunked storage with fewer allocated chunks than
+// the extent needs (compressed chunks are fine: chunks are counted, not bytes),
+// or data kept outside the file (external or virtual storage). Called by
+// dataset_info(); `info` is its result.
+void check_stored(const H5::DataSet& ds, const DatasetInfo& info, const Where& w);
 
 // Reads rows [start, start+count) along dim 0 (the whole dataset when
 // count < 0), converted by HDF5 to `dtype` (float32, float64, uint8, int64,

@@ -192,7 +192,7 @@ TeacherSpec read_spec(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e666
     throw Error(str("teacher spec '", path, "' is not valid JSON: ", e.what()));
   }
   return spec_from_json(j, path);
