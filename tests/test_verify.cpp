@@ -170,6 +170,17 @@ TEST_CASE("metrics: each one equals its formula on a small case; an underflowed 
   CHECK(r.plan_zero_share == doctest::Approx(1.0 / 9));
   CHECK(r.row_marginal_error == doctest::Approx(rows / n).epsilon(1e-12));
   CHECK(r.col_marginal_error == doctest::Approx(cols / n).epsilon(1e-12));
+  // Head output RMSE: sqrt of the mean squared difference of O = A V against O* = A* V.
+  auto V = at::tensor({1.0, -2.0, 0.5, 3.0, 0.0, -1.0}, at::kDouble).reshape({1, 1, n, 2});
+  auto O = at::matmul(A, V), Os = at::matmul(As, V);
+  acc.add_head_outputs(O, Os);
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < 2; ++c) {
+      const double d = O[0][0][i][c].item<double>() - Os[0][0][i][c].item<double>();
+      sq += d * d;
+    }
+  CHECK(acc.result().head_output_rmse == doctest::Approx(std::sqrt(sq / (n * 2))).epsilon(1e-12));
   // Without the zero, the KL is finite and equals the floored one.
   auto A2 = A.clone();
   A2[0][0][0][2] = 0.1;
