@@ -6,6 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "asap/artifact.h"
 #include "asap/compile.h"
@@ -218,6 +219,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       a->opt.comm = join_group(a->dist);
       asap::Communicator* comm = a->opt.comm.get();
       set_rank_threads(a->threads, comm);
+      // Rank 0 times the operators at the deployment's threads (--threads, else every core).
+      a->opt.latency_threads = a->threads > 0 ? a->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       const bool lead = !comm || comm->rank() == 0;
       Progress bar(a->quiet || !lead);
       GroupProgress progress(bar, comm);
