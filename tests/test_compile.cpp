@@ -552,6 +552,15 @@ TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itsel
     CHECK(s["chosen"]["target"] == "k-matched");
     CHECK(s["chosen"]["heldout_attention_error"].get<double>() < 1e-6);
   }
+  // --fit kl leaves a chosen k-matched map with its LS coefficients and says so.
+  o.fit = "kl";
+  auto kl = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  for (size_t i = 0; i < kl.artifact.layers.size(); ++i) {
+    REQUIRE(kl.summary["layers"][i]["chosen"]["target"] == "k-matched");
+    CHECK(kl.summary["layers"][i]["kl"].contains("skipped"));
+    CHECK(at::equal(kl.artifact.layers[i].coef, r.artifact.layers[i].coef));
+  }
+  o.fit = "ls";
   // --targets closure-ready leaves them out.
   o.targets = "closure-ready";
   auto cr = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
