@@ -240,6 +240,16 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
   auto r3 = asap::fast::sinkhorn_normalizer(q, k, v, at::Tensor(), s, 3, c);
   auto ref3 = asap::run_teacher_reference(q, k, v, at::Tensor(), s, 3, c, false);
   CHECK_REL(r3.O, ref3.O, 1e-5);
+  // The deployed form (want_duals = false) returns the same O and A, and no duals.
+  CHECK_FALSE(r3.f.defined());
+  CHECK_FALSE(r3.f_star.defined());
+  auto full3 = asap::fast::teacher(q, k, v, at::Tensor(), s, 3, c, true);
+  auto lean3 = asap::run_teacher(q, k, v, at::Tensor(), s, 3, c, true, /*want_duals=*/false);
+  CHECK(at::equal(lean3.O, full3.O));
+  CHECK(at::equal(lean3.A, full3.A));
+  CHECK(full3.f_star.defined());
+  CHECK_FALSE(lean3.g.defined());
+  CHECK_FALSE(lean3.phi_bar_star.defined());
   // Errors keep the reference's messages.
   CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::Tensor(), s, 0, c), asap::Error);
   CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::zeros({1, 300}, at::kBool), s, 2, c), asap::Error);

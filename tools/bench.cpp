@@ -181,7 +181,7 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
   ops.push_back({"esp", 0, [eye](const Inputs& in) { sink(asap::fast::esp_attention(in.q, in.k, in.v, eye, in.scale, 1.0)); }});
   for (int T : s.Ts) {
     ops.push_back({"teacher_fast", T, [T, c](const Inputs& in) {
-                     sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
+                     sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false, {}, false).O);
                    }});
     if (n <= s.ref_max_n)
       ops.push_back({"teacher_ref", T, [T, c](const Inputs& in) {

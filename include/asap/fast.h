@@ -54,17 +54,19 @@ bool handles(const at::Tensor& q);
 // path then still works, on one thread).
 bool parallel_build();
 
-// Same as asap::run_teacher (all fields of TeacherResult).
+// Same as asap::run_teacher (all fields of TeacherResult; with want_duals =
+// false only O and A).
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention = true,
-                      const Tuning& tuning = {});
+                      const Tuning& tuning = {}, bool want_duals = true);
 
-// A reduced-budget Sinkhorn normalizer: the teacher's loop with budget T'.
+// A reduced-budget Sinkhorn normalizer as deployed: the teacher's loop with
+// budget T', O (and A) only.
 inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const at::Tensor& key_mask, double scale, int T_prime,
                                          const Convention& c, bool want_attention = false,
                                          const Tuning& tuning = {}) {
-  return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning);
+  return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning, /*want_duals=*/false);
 }
 
 // Same as asap::run_layer(layer, q, k, v, key_mask, {closures, want_attention}):

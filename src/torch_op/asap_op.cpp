@@ -275,7 +275,7 @@ std::tuple<at::Tensor, at::Tensor> op_teacher(const at::Tensor& q, const at::Ten
   const at::Tensor mask = mask_of(key_mask);
   auto r = guarded("teacher", [&] {
     return asap::run_teacher(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, scale, static_cast<int>(T), c,
-                             return_attention);
+                             return_attention, /*want_duals=*/false);
   });
   return {r.O, return_attention ? r.A : q.new_empty({0})};
 }

@@ -82,7 +82,7 @@ class MeasuredLatency : public LatencyModel {
       if (op.kind != OperatorKind::kAsap) {
         const int steps = op.steps;
         fns.push_back([this, &s, conv, steps] {
-          run_teacher(b_.q, b_.k, b_.v, b_.mask, s.score_scale, steps, conv, false);
+          run_teacher(b_.q, b_.k, b_.v, b_.mask, s.score_scale, steps, conv, false, false);
         });
         continue;
       }

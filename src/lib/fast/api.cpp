@@ -98,25 +98,12 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
   }
 }
 
-// alpha_i = (scale/2) ||q_i||^2 over R, rounded like the reference (sum, then times s/2).
+// alpha_i = (scale/2) ||q_i||^2 over R, rounded like the reference (sum, then
+// times s/2), the sum in float64 vectors (a scalar chain per row was a third
+// of a head's fixed cost at n = 17).
 template <class T>
-void query_alpha(const T* q, const Active& a, int64_t d, double scale, T* out) {
-  const T half_s = static_cast<T>(0.5 * scale);
-  for (size_t r = 0; r < a.rows.size(); ++r) {
-    const T* x = q + a.rows[r] * d;
-    // Four independent double accumulators: one dependent chain of d
-    // additions per row was a third of a head's fixed cost at n = 17.
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t c = 0;
-    for (; c + 4 <= d; c += 4) {
-      s0 += static_cast<double>(x[c]) * static_cast<double>(x[c]);
-      s1 += static_cast<double>(x[c + 1]) * static_cast<double>(x[c + 1]);
-      s2 += static_cast<double>(x[c + 2]) * static_cast<double>(x[c + 2]);
-      s3 += static_cast<double>(x[c + 3]) * static_cast<double>(x[c + 3]);
-    }
-    for (; c < d; ++c) s0 += static_cast<double>(x[c]) * static_cast<double>(x[c]);
-    out[r] = half_s * static_cast<T>((s0 + s1) + (s2 + s3));
-  }
+void query_alpha(const detail::KernelTable<T>& kt, const T* q, const Active& a, int64_t d, double scale, T* out) {
+  kt.row_sqnorm(static_cast<int64_t>(a.rows.size()), a.rows.data(), q, d, static_cast<T>(0.5 * scale), out);
 }
 
 // Per-thread scratch vectors that keep their capacity between heads and
@@ -133,7 +120,7 @@ T* scratch(int slot, int64_t count) {
 template <class T>
 TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            double scale, int T_budget, const Convention& c, bool want_attention,
-                           const Tuning& tuning) {
+                           const Tuning& tuning, bool want_duals) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t dv = v.defined() ? v.size(3) : 0;
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
@@ -142,17 +129,17 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   auto opts = q.options();
   TeacherResult res;
-  at::Tensor f = at::empty({B, H, n}, opts), g = at::empty({B, H, n}, opts);
-  at::Tensor O, A, fstar, phibar;
+  at::Tensor f, g, O, A, fstar, phibar;
+  if (want_duals) f = at::empty({B, H, n}, opts), g = at::empty({B, H, n}, opts);
   if (v.defined()) O = full ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
   if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
-  const bool has_star = T_budget >= 2;
+  const bool has_star = want_duals && T_budget >= 2;
   if (has_star) fstar = at::empty({B, H, n}, opts), phibar = at::empty({B, H, n}, opts);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.defined() ? v.data_ptr<T>() : nullptr;
-  T* fp = f.data_ptr<T>();
-  T* gp = g.data_ptr<T>();
+  T* fp = want_duals ? f.data_ptr<T>() : nullptr;
+  T* gp = want_duals ? g.data_ptr<T>() : nullptr;
   T* Op = O.defined() ? O.data_ptr<T>() : nullptr;
   T* Ap = A.defined() ? A.data_ptr<T>() : nullptr;
   T* fsp = has_star ? fstar.data_ptr<T>() : nullptr;
@@ -168,6 +155,7 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
     T* fs = has_star ? scratch<T>(2, nR) : nullptr;
     HeadOut<T> out{Op ? Op + bh * n * dv : nullptr, Ap ? Ap + bh * n * n : nullptr};
     eng.teacher(T_budget, log_mult, fh, gh, fs, out);
+    if (!want_duals) return;
     T* fo = fp + bh * n;
     T* go = gp + bh * n;
     for (int64_t i = 0; i < n; ++i) fo[i] = kNegInf<T>, go[i] = kNegInf<T>;
@@ -175,7 +163,7 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
     for (int64_t j = 0; j < nJ; ++j) go[a.keys[j]] = eps * gh[j];
     if (has_star) {
       T* alpha = scratch<T>(3, nR);
-      query_alpha(qp + bh * n * d, a, d, scale, alpha);
+      query_alpha(kt, qp + bh * n * d, a, d, scale, alpha);
       T* so = fsp + bh * n;
       T* po = pbp + bh * n;
       for (int64_t i = 0; i < n; ++i) so[i] = kNegInf<T>, po[i] = kNegInf<T>;
@@ -273,7 +261,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
     T* fh = scratch<T>(1, nR);
     T* gh = scratch<T>(2, nJ);
     double* ph = scratch<double>(3, nR);
-    query_alpha(qh, a, d, scale, alpha);
+    query_alpha(kt, qh, a, d, scale, alpha);
     const double* beta = cp + (per_head ? (bh % H) * P : 0);
     eng.features(fs, eps, alpha, nullptr, beta, ph);
     T* po = php + bh * n;
@@ -315,7 +303,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fs.needs_scores());
     const int64_t nR = eng.rows();
     std::vector<T> alpha(nR), psi(P * nR);
-    query_alpha(qh, a, d, scale, alpha.data());
+    query_alpha(kt, qh, a, d, scale, alpha.data());
     eng.features(fs, eps, alpha.data(), psi.data());
     T* o = out + bh * n * P;
     for (int64_t r = 0; r < nR; ++r)
@@ -344,7 +332,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps);
     const int64_t nR = eng.rows(), nJ = eng.keys();
     std::vector<T> alpha(nR), fs(nR), gs(nJ, T(0)), f(nR), g(nJ);
-    query_alpha(qh, a, d, scale, alpha.data());
+    query_alpha(kt, qh, a, d, scale, alpha.data());
     // The teacher's duals after T passes from g' = 0 (no final fused pass: the tile stays intact).
     for (int t = 1; t <= T_budget; ++t) {
       if (t % 2 == 1)
@@ -402,7 +390,8 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
-                      double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning) {
+                      double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning,
+                      bool want_duals) {
   if (!cpu_only(q, k, v, key_mask)) return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
   check_qk(q, k);
@@ -416,8 +405,9 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
-  if (q.scalar_type() == at::kFloat) return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning);
-  return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning);
+  if (q.scalar_type() == at::kFloat)
+    return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals);
+  return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals);
 }
 
 LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -473,22 +473,24 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
   if (fs.softmax || fs.sinkhorn3) {
     // The teacher's first steps from g' = 0 (reference: build_features):
     // f1 = eps (log a - LSE_j S'_ij), f3 = row(col(f1)); each column + alpha.
-    std::vector<T> f1(nR_), g(nJ_, T(0)), f3;
+    T* f1 = f1_.get(nR_);
+    T* g = g0_.get(nJ_);
+    for (int64_t j = 0; j < nJ_; ++j) g[j] = T(0);
     s0.col.resize(nR_);
     T* col = s0.col.data();
-    row_pass(g.data(), f1.data(), false, T(0), HeadOut<T>{});
+    row_pass(g, f1, false, T(0), HeadOut<T>{});
     const T e = static_cast<T>(eps);
     auto emit_column = [&](const T* f) {
       for (int64_t r = 0; r < nR_; ++r) col[r] = e * f[r] + alpha[r];
       take(p, s0, col);
       ++p;
     };
-    if (fs.softmax) emit_column(f1.data());
+    if (fs.softmax) emit_column(f1);
     if (fs.sinkhorn3) {
-      f3.resize(nR_);
-      col_pass(f1.data(), g.data(), false, T(0), HeadOut<T>{});
-      row_pass(g.data(), f3.data(), false, T(0), HeadOut<T>{});
-      emit_column(f3.data());
+      T* f3 = f3_.get(nR_);
+      col_pass(f1, g, false, T(0), HeadOut<T>{});
+      row_pass(g, f3, false, T(0), HeadOut<T>{});
+      emit_column(f3);
     }
   }
   if (beta) {

@@ -133,6 +133,7 @@ class Engine {
   Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
+  Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
   // transposed projections [nR][Lp] and [nJ][Lp], positions as int32.
   Buf<T> thT_, XT_, YT_;

@@ -24,10 +24,12 @@ struct KernelTable {
   int width;        // vector lanes (leading dims of buffers are multiples of it)
 
   // Packs B [N x K] (row-major, ldb) times alpha into panels of nt_nr columns:
-  // out has roundup(N, nt_nr) * K elements, zero-padded.
+  // out has roundup(N, nt_nr) * K elements; columns past N are zero up to
+  // roundup(N, width), the rest of a short last panel is not written (nor read).
   void (*pack_b)(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out);
-  // C [M x roundup(N, nt_nr)] = A [M x K] (lda) * Bp^T, Bp from pack_b starting
-  // at a panel boundary. M must be a multiple of nt_mr (pad A with zero rows).
+  // C [M x roundup(N, width)] = A [M x K] (lda) * Bp^T, Bp from pack_b starting
+  // at a panel boundary; any M. Columns of C past roundup(N, width) are not
+  // written (ldc must still hold roundup(N, nt_nr)).
   void (*gemm_nt)(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc);
   // C [M x Nv] = A [M x N] (lda) * B [N x Nv] (ldb); Nv and ldb multiples of
   // width, C overwritten. Any M.
@@ -52,6 +54,9 @@ struct KernelTable {
   void (*vexp)(int64_t n, const T* x, T* y);
   // out[i] += log(z[i]) for z[i] >= 1 (row and column sums), vectorised in float32.
   void (*add_log)(const T* z, T* out, int64_t count);
+  // out[r] = half_s * (sum_c x_c^2 in float64, rounded to T) for the rows
+  // x = q + rows[r] * d (the cost offsets alpha of asap-math.md).
+  void (*row_sqnorm)(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out);
 };
 
 struct Kernels {

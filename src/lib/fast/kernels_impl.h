@@ -227,64 +227,95 @@ inline T hmax(typename Vec<T>::V v) {
 
 template <class T>
 void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
-  constexpr int NR = ASAP_NT_NV * Vec<T>::W;
+  constexpr int W = Vec<T>::W, NR = ASAP_NT_NV * W;
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
     T* o = out + p * K * NR;
     const int64_t j0 = p * NR, cols = std::min<int64_t>(NR, N - j0);
+    // Only the vectors gemm_nt reads are written: columns past N are zero up
+    // to the next multiple of the vector width, the rest of a short last
+    // panel is never read (a short sequence's panel is mostly padding).
+    const int64_t wcols = std::min<int64_t>(NR, (cols + W - 1) / W * W);
     // k outer, so that every store is contiguous (the reads stride by ldb
-    // within a panel that fits L1); columns past N are zero.
+    // within a panel that fits L1).
     for (int64_t k = 0; k < K; ++k) {
       T* ok = o + k * NR;
       const T* bk = B + j0 * ldb + k;
       for (int64_t jj = 0; jj < cols; ++jj) ok[jj] = alpha * bk[jj * ldb];
-      for (int64_t jj = cols; jj < NR; ++jj) ok[jj] = T(0);
+      for (int64_t jj = cols; jj < wcols; ++jj) ok[jj] = T(0);
     }
   }
 }
 
-template <class T, int MR>
+// MR rows x NVA vectors of a packed panel (row stride NR = ASAP_NT_NV * W;
+// NVA < ASAP_NT_NV for the short last panel of a short sequence).
+template <class T, int MR, int NVA>
 inline void micro_nt(int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
   using V = typename Vec<T>::V;
-  constexpr int W = Vec<T>::W, NV = ASAP_NT_NV, NR = NV * W;
-  V acc[MR][NV];
+  constexpr int W = Vec<T>::W, NR = ASAP_NT_NV * W;
+  V acc[MR][NVA];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+    for (int v = 0; v < NVA; ++v) acc[r][v] = V{};
   for (int64_t k = 0; k < K; ++k) {
-    V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = load<V>(bp + k * NR + v * W);
+    V b[NVA];
+    for (int v = 0; v < NVA; ++v) b[v] = load<V>(bp + k * NR + v * W);
     for (int r = 0; r < MR; ++r) {
       const V a = splat<V>(A[r * lda + k]);
-      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+      for (int v = 0; v < NVA; ++v) acc[r][v] += a * b[v];
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, acc[r][v]);
+    for (int v = 0; v < NVA; ++v) store(C + r * ldc + v * W, acc[r][v]);
 }
 
-template <class T, int MR>
+template <class T, int MR, int NVA>
 struct NtRem {
   static void run(int rem, int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
     if (rem == MR)
-      micro_nt<T, MR>(K, A, lda, bp, C, ldc);
+      micro_nt<T, MR, NVA>(K, A, lda, bp, C, ldc);
     else
-      NtRem<T, MR - 1>::run(rem, K, A, lda, bp, C, ldc);
+      NtRem<T, MR - 1, NVA>::run(rem, K, A, lda, bp, C, ldc);
+  }
+};
+template <class T, int NVA>
+struct NtRem<T, 0, NVA> {
+  static void run(int, int64_t, const T*, int64_t, const T*, T*, int64_t) {}
+};
+
+template <class T, int NVA>
+void panel_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
+  constexpr int MR = ASAP_NT_MR;
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR) micro_nt<T, MR, NVA>(K, A + i * lda, lda, bp, C + i * ldc, ldc);
+  if (i < M) NtRem<T, MR - 1, NVA>::run(static_cast<int>(M - i), K, A + i * lda, lda, bp, C + i * ldc, ldc);
+}
+
+template <class T, int NVA>
+struct NtPanel {
+  static void run(int nva, int64_t M, int64_t K, const T* A, int64_t lda, const T* bp, T* C, int64_t ldc) {
+    if (nva == NVA)
+      panel_nt<T, NVA>(M, K, A, lda, bp, C, ldc);
+    else
+      NtPanel<T, NVA - 1>::run(nva, M, K, A, lda, bp, C, ldc);
   }
 };
 template <class T>
-struct NtRem<T, 0> {
-  static void run(int, int64_t, const T*, int64_t, const T*, T*, int64_t) {}
+struct NtPanel<T, 0> {
+  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, T*, int64_t) {}
 };
 
 template <class T>
 void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc) {
-  constexpr int MR = ASAP_NT_MR, NR = ASAP_NT_NV * Vec<T>::W;
+  constexpr int W = Vec<T>::W, NV = ASAP_NT_NV, NR = NV * W;
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
     const T* bp = Bp + p * K * NR;
-    int64_t i = 0;
-    for (; i + MR <= M; i += MR) micro_nt<T, MR>(K, A + i * lda, lda, bp, C + i * ldc + p * NR, ldc);
-    if (i < M) NtRem<T, MR - 1>::run(static_cast<int>(M - i), K, A + i * lda, lda, bp, C + i * ldc + p * NR, ldc);
+    const int64_t cols = std::min<int64_t>(NR, N - p * NR);
+    const int nva = static_cast<int>((cols + W - 1) / W);
+    if (nva == NV)
+      panel_nt<T, NV>(M, K, A, lda, bp, C + p * NR, ldc);
+    else
+      NtPanel<T, NV - 1>::run(nva, M, K, A, lda, bp, C + p * NR, ldc);
   }
 }
 
@@ -589,6 +620,32 @@ void add_log_t(const T* z, T* out, int64_t count) {
   add_log(z, out, count);
 }
 
+// Squared norms accumulated in float64 vectors (float32 inputs widened
+// lane-wise, products exact), one horizontal sum per row.
+template <class T>
+void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
+  typedef double D __attribute__((vector_size(ASAP_VBYTES)));
+  constexpr int WD = ASAP_VBYTES / 8;
+  for (int64_t r = 0; r < count; ++r) {
+    const T* x = q + rows[r] * d;
+    D acc = D{};
+    int64_t c = 0;
+    for (; c + WD <= d; c += WD) {
+      D v;
+      if constexpr (sizeof(T) == 4) {
+        typedef float H __attribute__((vector_size(ASAP_VBYTES / 2)));
+        v = __builtin_convertvector(load<H>(x + c), D);
+      } else {
+        v = load<D>(x + c);
+      }
+      acc += v * v;
+    }
+    double s = tree_reduce<double>(acc, false);
+    for (; c < d; ++c) s += static_cast<double>(x[c]) * static_cast<double>(x[c]);
+    out[r] = half_s * static_cast<T>(s);
+  }
+}
+
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
   return detail::KernelTable<T>{ASAP_ISA_NAME,
@@ -604,7 +661,8 @@ constexpr detail::KernelTable<T> make_table() {
                                 &col_exp<T>,
                                 &plan<T>,
                                 &vexp<T>,
-                                &add_log_t<T>};
+                                &add_log_t<T>,
+                                &row_sqnorm<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};

@@ -125,7 +125,11 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
     return r;
   }
   LayerOutput r = L.kind != OperatorKind::kAsap
-                      ? run_loop_kind(L, q, k, v, key_mask, opt, run_teacher)
+                      ? run_loop_kind(L, q, k, v, key_mask, opt,
+                                      [](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                                         const at::Tensor& m_, double sc, int steps, const Convention& c, bool wa) {
+                                        return run_teacher(q_, k_, v_, m_, sc, steps, c, wa, /*want_duals=*/false);
+                                      })
                       : fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);  // other devices: the reference
   propagate_nonfinite(r, q, k, v);
   return r;

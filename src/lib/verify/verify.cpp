@@ -203,7 +203,7 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     res.timed_batch = tb.q.defined() ? tb.q.size(0) : 0;
     std::vector<std::function<void()>> fns;
     lv.operators.push_back({"teacher", s.T, s.T, L->kind == OperatorKind::kTeacher, true, teacher_acc.result(), -1});
-    fns.push_back([&] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, s.T, conv, false); });
+    fns.push_back([&] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, s.T, conv, false, false); });
     for (int k = 1; k <= K; ++k) {
       lv.operators.push_back({"asap", k, lse_passes(L->family, k), k == L->default_closures,
                               (k % 2 == 1) == (s.T % 2 == 0), asap_acc[k - 1].result(), -1});
@@ -216,7 +216,7 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     for (int Tp = 1; Tp <= Tmax; ++Tp) {
       lv.operators.push_back({"sinkhorn", Tp, Tp, L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps,
                               (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
-      fns.push_back([&, Tp] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, Tp, conv, false); });
+      fns.push_back([&, Tp] { run_teacher(tb.q, tb.k, tb.v, tb.mask, s.score_scale, Tp, conv, false, false); });
     }
     if (opt.time && tb.q.defined() && (!comm || comm->rank() == 0)) {
       int repeats = opt.repeats;
