@@ -81,6 +81,16 @@ void finish_process_group(Communicator* comm);
 // The joined group of this process, or null (used by the CLI's error path).
 Communicator* active_communicator();
 
+// Start-up agreement of compile and verify: `fields_json` is a JSON object of
+// what every rank must share (versions, file hashes, options). Each rank's is
+// compared with rank 0's; the first difference throws one sentence: "rank R
+// was started with WHAT = A but rank 0 with B: PURPOSE", where WHAT is the
+// field, or for an object field listed in `object_labels` (field -> label)
+// "LABEL KEY" of its first differing key.
+void require_same_start(Communicator& comm, const std::string& fields_json,
+                        const std::vector<std::pair<std::string, std::string>>& object_labels,
+                        const std::string& purpose);
+
 // Exit code of a rank stopped because another rank failed.
 constexpr int kExitOtherRankFailed = 3;
 

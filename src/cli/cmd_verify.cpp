@@ -59,15 +59,9 @@ void check_same_start(asap::Communicator& comm, const VerifyArgs& a, const std::
                              {{"max_closures", o.max_closures}, {"batch_size", o.batch_size},
                               {"max_examples", o.max_examples}, {"float64", o.float64}, {"layers", o.layers},
                               {"split", a.split}, {"timing", o.time}, {"force", a.force}}}};
-  const auto all = comm.allgather(mine.dump());
-  const auto root = nlohmann::json::parse(all[0]);
-  for (size_t r = 1; r < all.size(); ++r) {
-    const auto other = nlohmann::json::parse(all[r]);
-    for (const auto& [field, value] : root.items())
-      ASAP_CHECK(other.value(field, nlohmann::json()) == value, "rank ", r, " was started with other ", field,
-                 " than rank 0: every rank must verify the same artifacts against the same checkpoint with the "
-                 "same options");
-  }
+  asap::require_same_start(comm, mine.dump(), {{"verify options", "verify option"}},
+                           "every rank must verify the same artifacts against the same checkpoint with the same "
+                           "options");
 }
 
 }  // namespace

@@ -234,30 +234,8 @@ void check_same_start(Communicator& comm, const Checkpoint& ck, const std::strin
                   {"checkpoint (SHA-256)", ck.sha256},
                   {"teacher spec (SHA-256)", sha256_hex(spec_bytes.data(), spec_bytes.size())},
                   {"options", compile_options_json(opt)}};
-  const auto all = comm.allgather(mine.dump());
-  const json root = json::parse(all[0]);
-  auto brief = [](const json& v) {
-    std::string s = v.dump();
-    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
-  };
-  for (size_t r = 1; r < all.size(); ++r) {
-    const json other = json::parse(all[r]);
-    for (const auto& [field, value] : root.items()) {
-      const json theirs = other.value(field, json());
-      if (theirs == value) continue;
-      std::string what = field, a = brief(theirs), b = brief(value);
-      if (field == "options" && theirs.is_object())
-        for (const auto& [k, v] : value.items())
-          if (theirs.value(k, json()) != v) {
-            what = "compile option " + k;
-            a = brief(theirs.value(k, json()));
-            b = brief(v);
-            break;
-          }
-      throw Error(str("rank ", r, " was started with ", what, " = ", a, " but rank 0 with ", b,
-                      ": every rank must compile the same checkpoint with the same spec and options"));
-    }
-  }
+  require_same_start(comm, mine.dump(), {{"options", "compile option"}},
+                     "every rank must compile the same checkpoint with the same spec and options");
 }
 
 }  // namespace

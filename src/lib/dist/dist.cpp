@@ -2,6 +2,8 @@
 // each rank reads (asap/dist.h).
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -175,6 +177,37 @@ Shards make_shards(Communicator* comm, const CalibFile& calib, int64_t local_n, 
 
 void sum_over_ranks(Communicator* comm, std::vector<double>& v) {
   if (comm) comm->allreduce_sum(v);
+}
+
+void require_same_start(Communicator& comm, const std::string& fields_json,
+                        const std::vector<std::pair<std::string, std::string>>& object_labels,
+                        const std::string& purpose) {
+  using nlohmann::json;
+  const auto all = comm.allgather(fields_json);
+  const json root = json::parse(all[0]);
+  auto brief = [](const json& v) {
+    std::string s = v.dump();
+    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+  };
+  for (size_t r = 1; r < all.size(); ++r) {
+    const json other = json::parse(all[r]);
+    for (const auto& [field, value] : root.items()) {
+      const json theirs = other.value(field, json());
+      if (theirs == value) continue;
+      std::string what = field, a = brief(theirs), b = brief(value);
+      for (const auto& [f, label] : object_labels) {
+        if (f != field || !theirs.is_object() || !value.is_object()) continue;
+        for (const auto& [k, v] : value.items())
+          if (theirs.value(k, json()) != v) {
+            what = label + " " + k;
+            a = brief(theirs.value(k, json()));
+            b = brief(v);
+            break;
+          }
+      }
+      throw Error(str("rank ", r, " was started with ", what, " = ", a, " but rank 0 with ", b, ": ", purpose));
+    }
+  }
 }
 
 }  // namespace asap
