@@ -199,6 +199,17 @@ def killed_rank_stops_every_rank():
 
 
 @test
+def a_rank_that_never_joins_is_named():
+    out = os.path.join(TMP, "never.asap.h5")
+    argv = compile_args(out, extra=["--no-report", "--dist-timeout", "5"]) + [
+        "--dist-init", "tcp://127.0.0.1:%d" % free_port(), "--rank", "0", "--world-size", "3"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env_without_launchers())
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "rank 0 of 3: ranks 1, 2 did not join the process group at 127.0.0.1:" in p.stderr, p.stderr
+    assert not os.path.exists(out)
+
+
+@test
 def mismatched_options_are_refused():
     out = os.path.join(TMP, "mismatch.asap.h5")
     res = finish(start_ranks(lambda r: compile_args(out, extra=["--seed", "7"] if r == 1 else []), 2))

@@ -55,13 +55,16 @@ class GlooCommunicator final : public Communicator {
     so.port = static_cast<std::uint16_t>(env.port);
     so.isServer = !env.agent_store && env.rank == 0;
     so.numWorkers = env.agent_store ? c10::nullopt : c10::optional<std::size_t>(env.world_size);
-    so.waitWorkers = !env.agent_store;
+    // Rank 0 does not block in the store's constructor: the ranks check in
+    // below, so that a rank that never arrives can be named.
+    so.waitWorkers = false;
     so.timeout = timeout;
     const std::string where = str(env.host, ":", env.port);
     try {
       c10::intrusive_ptr<c10d::Store> base = c10::make_intrusive<c10d::TCPStore>(env.host, so);
       store_ = base;
       if (env.agent_store) store_ = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, base);
+      check_in(timeout, where);
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       opts->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
@@ -279,6 +282,34 @@ class GlooCommunicator final : public Communicator {
 
   DistEnv env_;
   double timeout_s_ = 300, stale_s_ = 15;
+
+  // Every rank sets its key and waits for all of them; on a timeout the
+  // sentence names the ranks that never arrived.
+  void check_in(std::chrono::milliseconds timeout, const std::string& where) {
+    const int W = env_.world_size;
+    std::vector<std::string> keys;
+    for (int r = 0; r < W; ++r) keys.push_back(str("asap/joined/", r));
+    store_->set(keys[static_cast<size_t>(env_.rank)], std::vector<uint8_t>{1});
+    try {
+      store_->wait(keys, timeout);
+    } catch (const std::exception&) {
+      std::string missing;
+      int count = 0;
+      for (int r = 0; r < W; ++r) {
+        bool there = false;
+        try {
+          there = store_->check({keys[static_cast<size_t>(r)]});
+        } catch (const std::exception&) {
+        }
+        if (!there) missing += (count++ ? ", " : "") + std::to_string(r);
+      }
+      if (count == 0) throw;
+      throw Error(str("rank ", env_.rank, " of ", W, ": ", count == 1 ? "rank " : "ranks ", missing,
+                      " did not join the process group at ", where, " (from ", env_.source,
+                      ") within ", timeout_s_, " s of --dist-timeout: not started, stopped before joining, or ",
+                      "unable to reach ", where));
+    }
+  }
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::thread watcher_;
