@@ -254,11 +254,81 @@ def run(a):
         "kl_artifact": artifact_summary(kl) if kl is not None else None,
         "variants": variants,
         "verify": verify_layers(a.verify_json) if a.verify_json else None,
+        "curve": json.load(open(a.curve_json)) if a.curve_json else None,
         "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
         "torch": torch.__version__,
     }
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
+    with open(a.output, "w") as fh:
+        json.dump(res, fh, indent=1)
+        fh.write("\n")
+    log("wrote %s" % a.output)
+    return 0
+
+
+def curve(a):
+    """Agreement against speed-up: one compiled artifact per --min-speedup
+    target (each with its own `asapc verify --json`), evaluated on the test
+    split, and the teacher's Sinkhorn loop cut to T' < T with the speed-ups
+    of the first verify run."""
+    import torch
+    import asap_torch
+    import train_teachers
+
+    torch.set_num_threads(a.threads)
+    model, cfg = train_teachers.load_teacher(a.teacher)
+    T = int(cfg["T"])
+    x, y = train_teachers.teacher_data(cfg, "test")
+    if a.max_examples:
+        x, y = x[:a.max_examples], y[:a.max_examples]
+    teacher_pred = predict(model, x, a.batch_size)
+
+    def scores(pred):
+        return (100.0 * float((pred == y).float().mean()),
+                100.0 * float((pred == teacher_pred).float().mean()))
+
+    def speedups(layers, pick):
+        out = []
+        for l in layers:
+            lat = pick(l)
+            out.append(l["teacher_latency_s"] / lat if lat and l["teacher_latency_s"] else None)
+        return out
+
+    points = []
+    first_verify = None
+    for spec in a.point:
+        label, art_path, ver_path = spec.split("=", 2)
+        ver = verify_layers(ver_path)
+        first_verify = first_verify or ver
+        art = asap_torch.load_artifact(art_path, backend=a.backend)
+        with patched(model, art, None):
+            acc, agree = scores(predict(model, x, a.batch_size))
+        sp = speedups(ver["layers"], lambda l: l["asap"]["latency_s"])
+        teacher_total = sum(l["teacher_latency_s"] or 0 for l in ver["layers"])
+        op_total = sum(l["asap"]["latency_s"] or 0 for l in ver["layers"])
+        pt = {"target": label, "artifact": art_path, "accuracy": acc, "agreement": agree,
+              "layers": [{"name": l["name"], "operator": l["default_operator"],
+                          "error": l["asap"]["error"], "speedup": v}
+                         for l, v in zip(ver["layers"], sp)],
+              "min_speedup": min(v for v in sp if v) if all(sp) else None,
+              "attention_speedup": teacher_total / op_total if op_total > 0 else None}
+        points.append(pt)
+        log("  %-16s acc %6.2f%%  agreement %6.2f%%  speed-up %s"
+            % (label, acc, agree, ", ".join("%.2fx" % v if v else "untimed" for v in sp)))
+    sinkhorn = []
+    for Tp in range(1, T):
+        with sinkhorn_budget(model, Tp):
+            acc, agree = scores(predict(model, x, a.batch_size))
+        sp = []
+        for l in first_verify["layers"]:
+            row = next((s for s in l["sinkhorn"] if s["T"] == Tp), None)
+            sp.append(l["teacher_latency_s"] / row["latency_s"] if row and row["latency_s"] else None)
+        sinkhorn.append({"T": Tp, "other_ending": Tp % 2 != T % 2, "accuracy": acc, "agreement": agree,
+                         "min_speedup": min(v for v in sp if v) if all(sp) else None})
+    res = {"name": a.name, "teacher": a.teacher, "test_examples": len(x), "points": points,
+           "sinkhorn": sinkhorn, "sinkhorn_speedups_from": first_verify["file"] if first_verify else None,
+           "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")}
     with open(a.output, "w") as fh:
         json.dump(res, fh, indent=1)
         fh.write("\n")
@@ -500,6 +570,93 @@ def svg_plot(results):
     return parts
 
 
+def curve_svg(r):
+    """Agreement against the slowest layer's speed-up: compiled models per
+    --min-speedup target, and Sinkhorn T' (same ending / other ending)."""
+    c = r["curve"]
+    W, H, pad = 420, 280, 48
+    series = {"compiled": [(p["min_speedup"], p["agreement"], p["target"]) for p in c["points"]
+                           if p["min_speedup"]],
+              "sinkhorn": [(s["min_speedup"], s["agreement"], "T'=%d" % s["T"]) for s in c["sinkhorn"]
+                           if s["min_speedup"] and not s["other_ending"]]}
+    colors = {"compiled": "#d62728", "sinkhorn": "#1f77b4"}
+    allp = [p for ps in series.values() for p in ps]
+    if not allp:
+        return None
+    x0, x1 = 1.0, max(max(p[0] for p in allp), MIN_SPEEDUP) + 0.1
+    y0, y1 = max(0.0, min(p[1] for p in allp) - 2), 100.0
+
+    def X(v):
+        return pad + (W - pad - 10) * (v - x0) / (x1 - x0)
+
+    def Y(v):
+        return H - pad - (H - pad - 20) * (v - y0) / max(1e-9, y1 - y0)
+    s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
+         'font-size="10">' % (W, H),
+         '<text x="%d" y="12">%s: agreement vs speed-up</text>' % (pad, html.escape(teacher_title(r))),
+         '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (pad, H - pad, W - 10, H - pad),
+         '<line x1="%d" y1="20" x2="%d" y2="%d" stroke="black"/>' % (pad, pad, H - pad),
+         '<line x1="%.1f" y1="20" x2="%.1f" y2="%d" stroke="#999" stroke-dasharray="4 3"/>'
+         % (X(MIN_SPEEDUP), X(MIN_SPEEDUP), H - pad)]
+    xt = 1.0
+    while xt <= x1 + 1e-9:
+        s.append('<text x="%.1f" y="%d" text-anchor="middle">%.2g</text>' % (X(xt), H - pad + 14, xt))
+        xt += 0.25
+    for i in range(5):
+        yt = y0 + (y1 - y0) * i / 4
+        s.append('<text x="%d" y="%.1f" text-anchor="end">%.1f</text>' % (pad - 4, Y(yt) + 3, yt))
+    s.append('<text x="%d" y="%d" text-anchor="middle">speed-up over the teacher (slowest layer, '
+             'asapc verify)</text>' % ((W + pad) // 2, H - 12))
+    for k, ps in series.items():
+        ps = sorted(ps)
+        if len(ps) > 1:
+            s.append('<polyline fill="none" stroke="%s" points="%s"/>'
+                     % (colors[k], " ".join("%.1f,%.1f" % (X(a), Y(b)) for a, b, _ in ps)))
+        for a_, b, lab in ps:
+            s.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>%s: %.2fx, %.2f%%</title></circle>'
+                     % (X(a_), Y(b), colors[k], html.escape(lab), a_, b))
+    s.append('<text x="%d" y="%d" fill="%s">compiled (--min-speedup targets)</text>'
+             % (W - 200, H - pad - 28, colors["compiled"]))
+    s.append('<text x="%d" y="%d" fill="%s">Sinkhorn T\' (same ending)</text>'
+             % (W - 200, H - pad - 16, colors["sinkhorn"]))
+    s.append("</svg>")
+    return "".join(s)
+
+
+def curve_section(r):
+    c = r.get("curve")
+    if not c:
+        return []
+    L = ["### Agreement against speed-up", "",
+         "One artifact per `asapc compile --min-speedup S` (and `--objective fidelity`, the most "
+         "accurate map within T − 2 passes whatever its speed), each verified by `asapc verify` on "
+         "the held-out file; the compiled model (each layer's stored operator) evaluated on the "
+         "%d test examples. *Speed-up* is the slowest layer's, teacher latency over the stored "
+         "operator's in the same verify run. Sinkhorn T' rows take their speed-ups from the first "
+         "verify run." % c["test_examples"], ""]
+    svg = curve_svg(r)
+    if svg:
+        L += [svg, ""]
+    L += ["| compile target | stored operators | speed-up (slowest layer) | agreement | accuracy |",
+          "|---|---|---:|---:|---:|"]
+    for p in c["points"]:
+        L.append("| %s | %s | %s | %.2f%% | %.2f%% |"
+                 % (p["target"], "; ".join("%s" % l["operator"] for l in p["layers"]),
+                    "%.2fx" % p["min_speedup"] if p["min_speedup"] else "untimed",
+                    p["agreement"], p["accuracy"]))
+    for sk in c["sinkhorn"]:
+        L.append("| Sinkhorn T' = %d%s | — | %s | %.2f%% | %.2f%% |"
+                 % (sk["T"], " *" if sk["other_ending"] else "",
+                    "%.2fx" % sk["min_speedup"] if sk["min_speedup"] else "untimed",
+                    sk["agreement"], sk["accuracy"]))
+    fast = [p for p in c["points"] if p["min_speedup"] and p["min_speedup"] >= MIN_SPEEDUP]
+    if fast:
+        b = max(fast, key=lambda p: p["agreement"])
+        L += ["", "Best point at %.2fx or more on every layer: `%s`, %.2f%% agreement at %.2fx."
+              % (MIN_SPEEDUP, b["target"], b["agreement"], b["min_speedup"])]
+    return L + [""]
+
+
 def report(a):
     results = []
     for p in a.results:
@@ -594,6 +751,7 @@ def report(a):
             L.append("")
         L += layer_table(r)
         L.append("")
+        L += curve_section(r)
         if ver:
             slow = [l["name"] for l in ver["layers"]
                     if not l.get("speedup") or l["speedup"] < MIN_SPEEDUP]
@@ -626,6 +784,7 @@ def main(argv=None):
     r.add_argument("--artifact", required=True, help="LS artifact")
     r.add_argument("--kl-artifact", help="artifact compiled with --fit kl")
     r.add_argument("--verify-json", help="asapc verify --json output of the LS artifact")
+    r.add_argument("--curve-json", help="output of `evaluate.py curve` to include")
     r.add_argument("--max-closures", type=int, default=4,
                    help="ASAP with k = 1..N closures (and the compiled default k in any case)")
     r.add_argument("--max-examples", type=int)
@@ -633,6 +792,16 @@ def main(argv=None):
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--backend", default=None, choices=("auto", "op", "torch"))
     r.add_argument("-o", "--output", required=True)
+    c = sub.add_parser("curve", help="agreement against speed-up over --min-speedup targets -> JSON")
+    c.add_argument("--name", required=True)
+    c.add_argument("--teacher", required=True)
+    c.add_argument("--point", action="append", required=True,
+                   help="LABEL=ARTIFACT=VERIFY_JSON, one per compile target (repeatable)")
+    c.add_argument("--max-examples", type=int)
+    c.add_argument("--batch-size", type=int, default=500)
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--backend", default=None, choices=("auto", "op", "torch"))
+    c.add_argument("-o", "--output", required=True)
     g = sub.add_parser("report", help="result JSON files -> Markdown")
     g.add_argument("results", nargs="+")
     g.add_argument("-o", "--output", required=True)
@@ -641,7 +810,7 @@ def main(argv=None):
     g.add_argument("--missing", action="append", default=[],
                    help="a teacher that was not evaluated and why (repeatable)")
     a = p.parse_args(argv)
-    return run(a) if a.cmd == "run" else report(a)
+    return {"run": run, "curve": curve, "report": report}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # --fit kl), verify it, run tools/evaluate.py over its whole test split and
 # write docs/results.md (+ docs/results_agreement.png when matplotlib is installed, else an inline SVG plot).
 #
-#   tools/evaluate.sh [--train] [--force] [--quick] [--only NAME,...] [--threads N]
+#   tools/evaluate.sh [--train] [--force] [--quick] [--no-curve] [--only NAME,...] [--threads N]
 #
 # Teachers: the bundled MNIST ViT T = 6 (calib_data/vit_mnist_t6.*), and,
 # when present under out/teachers/, the MNIST ViT T = 5 (vit_mnist_t5.*) and
@@ -13,6 +13,8 @@
 #   --force    recompile and re-verify even when the artifacts are up to date
 #   --quick    evaluate on the first 1000 test examples only (a smoke run; writes
 #              out/eval/results.quick.md instead of docs/results.md)
+#   --no-curve skip the agreement-against-speed-up curve (one compile + verify per
+#              --min-speedup target in CURVE_TARGETS, about a minute per teacher)
 #   --only     evaluate only these teachers (vit6, vit5, text); the report keeps the
 #              others' latest results from out/eval/NAME.eval.json
 #   --threads  threads for asapc and torch (default 2)
@@ -26,15 +28,18 @@ REPO=$(pwd)
 ASAPC=${ASAPC:-build/asapc}
 PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=out/eval
-TRAIN=0 FORCE=0 QUICK=0 THREADS=2 ONLY=""
+TRAIN=0 FORCE=0 QUICK=0 CURVE=1 THREADS=2 ONLY=""
+# --min-speedup targets of the curve (1.25, the default, is the main artifact)
+CURVE_TARGETS=${CURVE_TARGETS:-"fidelity 1.1 1.2 1.33 1.5 2"}
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) TRAIN=1 ;;
     --force) FORCE=1 ;;
     --quick) QUICK=1 ;;
+    --no-curve) CURVE=0 ;;
     --threads) THREADS=$2; shift ;;
     --only) ONLY=",$2,"; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "evaluate.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -101,9 +106,33 @@ for entry in $TEACHERS; do
     "$ASAPC" verify "$base.pt" --artifact "$ls_art" --data "$base.heldout.h5" -q \
       --threads "$THREADS" --report "$OUT/$stem.verify.html" --json-out "$ver"
   fi
+  extra=() res="$OUT/$name.eval.json" limit=()
+  if [ "$QUICK" = 1 ]; then limit=(--max-examples 1000); res="$OUT/$name.quick.eval.json"; fi
+  extra+=("${limit[@]}")
+  if [ "$CURVE" = 1 ]; then
+    points=("1.25=$ls_art=$ver")
+    for target in $CURVE_TARGETS; do
+      art="$OUT/$stem.curve-$target.asap.h5" cver="$OUT/$stem.curve-$target.verify.json"
+      how=(--min-speedup "$target"); [ "$target" = fidelity ] && how=(--objective fidelity)
+      if stale "$art" "${files[@]}" "$ASAPC"; then
+        echo "== $name: curve: compiling ${how[*]} -> $art"
+        "$ASAPC" compile "$base.pt" --spec "$base.spec.json" --calib "$base.calib.h5" -o "$art" \
+          "${how[@]}" --no-report -q --threads "$THREADS" > "$OUT/$stem.curve-$target.compile.log"
+      fi
+      if stale "$cver" "$art"; then
+        "$ASAPC" verify "$base.pt" --artifact "$art" --data "$base.heldout.h5" -q --max-closures 1 \
+          --threads "$THREADS" --report "$OUT/$stem.curve-$target.verify.html" --json-out "$cver" > /dev/null
+      fi
+      points+=("$target=$art=$cver")
+    done
+    echo "== $name: agreement against speed-up (${#points[@]} compile targets)"
+    cjson="$OUT/$name.curve.json"; [ "$QUICK" = 1 ] && cjson="$OUT/$name.quick.curve.json"
+    pargs=(); for pt in "${points[@]}"; do pargs+=(--point "$pt"); done
+    "$PYTHON" tools/evaluate.py curve --name "$name" --teacher "$base.pt" "${pargs[@]}" \
+      --threads "$THREADS" -o "$cjson" "${limit[@]}"
+    extra+=(--curve-json "$cjson")
+  fi
   echo "== $name: evaluating on the test split"
-  extra=() res="$OUT/$name.eval.json"
-  if [ "$QUICK" = 1 ]; then extra+=(--max-examples 1000); res="$OUT/$name.quick.eval.json"; fi
   "$PYTHON" tools/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$ls_art" \
     --kl-artifact "$kl_art" --verify-json "$ver" --threads "$THREADS" -o "$res" "${extra[@]}"
   RESULTS+=("$res")
