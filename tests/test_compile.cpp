@@ -386,6 +386,36 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef) == fell_back);
 }
 
+TEST_CASE("compile: --fit attention refines the chosen map and never ends worse than LS on held-out data") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 80, 4);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.slice_bank = 8;
+  o.fit = "attention";
+  o.attention_iters = 15;
+  o.objective = asap::Objective::kFidelity;
+  o.layers = {"transformer.layers.0.0.fn"};
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const auto& L = r.summary["layers"][0];
+  REQUIRE(L.contains("attention_fit"));
+  const auto& af = L["attention_fit"];
+  CHECK(af["closures"].get<int>() == r.artifact.layers[0].default_closures);
+  CHECK(af["iterations"].get<int>() >= 1);
+  // L-BFGS with an Armijo line search lowers the training objective.
+  CHECK(af["train_objective"].get<double>() < af["train_objective_ls"].get<double>());
+  CHECK(af["heldout_objective"].get<double>() <= af["heldout_objective_ls"].get<double>());
+  o.fit = "ls";
+  auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const double e_ls = af["heldout_attention_error_ls"].get<double>(),
+               e_re = af["heldout_attention_error_refit"].get<double>();
+  CHECK(e_ls == doctest::Approx(ls.summary["layers"][0]["chosen"]["heldout_attention_error"].get<double>()).epsilon(1e-6));
+  const bool fell_back = af["fell_back_to_ls"];
+  CHECK(fell_back == (e_re > e_ls));
+  CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef) == fell_back);
+  CHECK(r.artifact.layers[0].family.name() == ls.artifact.layers[0].family.name());
+}
+
 TEST_CASE("compile: refuses T = 1, a layer missing from the calibration file, a width mismatch, NaN") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 12, 5);

@@ -109,14 +109,15 @@ struct CompileOptions {
   uint64_t seed = 1234;                    // slice bank and split
   int64_t max_examples = 0;                // > 0: use only the first examples of the file
   std::vector<std::string> layers;         // empty = every layer of the spec
-  std::string fit = "ls";                  // "ls" or "kl"
+  std::string fit = "ls";                  // "ls", "kl" or "attention" (LS, then refit on the attention error)
   // Dual the LS map predicts: "closure-ready" (f*, run with any k),
   // "k-matched" (the teacher's row dual after T - k half-steps, run with
   // exactly k closures), or "both" as candidates (docs/decisions.md).
   std::string targets = "both";
   double kl_ridge = -1;                    // >= 0: fixed KL ridge
   int kl_max_iters = 20;                   // Newton iterations
-  double kl_cache_mb = 512;                // memory budget for caching KL features
+  double kl_cache_mb = 512;                // memory budget for caching KL (and attention refit) batches
+  int attention_iters = 60;                // L-BFGS iterations of --fit attention
   bool float64 = false;                    // run teacher and features in float64
   bool skip_bad_examples = false;          // exclude examples whose scores overflow (warning) instead of refusing
   // Set: this process is one rank of a distributed compile (asap/dist.h).

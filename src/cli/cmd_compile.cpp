@@ -111,6 +111,17 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
                 << ", held-out KL " << k["heldout_kl"].get<double>() << " (LS " << k["heldout_kl_ls"].get<double>()
                 << ")\n";
     }
+    if (l.contains("attention_fit")) {
+      const auto& k = l["attention_fit"];
+      std::cout << "    attention refit: " << k["iterations"] << " L-BFGS iterations (best at " << k["best_iteration"]
+                << "), training objective " << k["train_objective_ls"].get<double>() << " -> "
+                << k["train_objective"].get<double>();
+      if (k.contains("heldout_attention_error_refit"))
+        std::cout << ", held-out attention error " << k["heldout_attention_error_ls"].get<double>() << " -> "
+                  << k["heldout_attention_error_refit"].get<double>()
+                  << (k["fell_back_to_ls"].get<bool>() ? " (worse: LS kept)" : "");
+      std::cout << "\n";
+    }
   }
 }
 
@@ -127,7 +138,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("-o,--output", a->out, "artifact to write (HDF5)")->required();
   auto& o = a->opt;
   c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)")->delimiter(',');
-  c->add_option("--fit", o.fit, "coefficient fit: ls (ridge least squares) or kl (convex forward KL)")
+  c->add_option("--fit", o.fit,
+                "coefficient fit: ls (ridge least squares), kl (convex forward KL), or attention (LS, then refined "
+                "by L-BFGS on the attention error after the operator's closures; kept if held-out error improves)")
       ->capture_default_str();
   c->add_option("--slices", o.slice_bank, "slice bank size per layer")->capture_default_str();
   c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried, a,b,... or a b ... (default 0,1,2,4,8,... up to --slices)")
@@ -146,6 +159,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--kl-ridge", o.kl_ridge, "fixed KL ridge (default: chosen on held-out KL)");
   c->add_option("--kl-iters", o.kl_max_iters, "maximum Newton iterations of the KL fit")->capture_default_str();
+  c->add_option("--attention-iters", o.attention_iters, "L-BFGS iterations of --fit attention")->capture_default_str();
   c->add_option("--kl-cache-mb", o.kl_cache_mb, "memory budget for caching KL features (MB)")->capture_default_str();
   c->add_option("--closures", o.closures, "fixed default number of closures k (default: chosen on held-out data)");
   c->add_option("--max-passes", o.max_passes,

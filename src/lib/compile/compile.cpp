@@ -22,6 +22,7 @@
 #include "asap/runtime.h"
 #include "compile/choose.h"
 #include "compile/kl_fit.h"
+#include "compile/attn_fit.h"
 #include "compile/phases.h"
 #include "io/layer_stream.h"
 
@@ -85,7 +86,9 @@ Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.batch_size >= 1, "--batch-size must be at least 1, found ", opt.batch_size);
   ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
              " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
-  ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl", "--fit must be 'ls' or 'kl', found '", opt.fit, "'");
+  ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl" || opt.fit == "attention",
+             "--fit must be 'ls', 'kl' or 'attention', found '", opt.fit, "'");
+  ASAP_CHECK(opt.attention_iters >= 1, "--attention-iters must be at least 1, found ", opt.attention_iters);
   ASAP_CHECK(opt.targets == "both" || opt.targets == "closure-ready" || opt.targets == "k-matched",
              "--targets must be both, closure-ready or k-matched, found '", opt.targets, "'");
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
@@ -269,6 +272,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"kl_ridge", opt.kl_ridge},
               {"kl_max_iters", opt.kl_max_iters},
               {"kl_cache_mb", opt.kl_cache_mb},
+              {"attention_iters", opt.attention_iters},
               {"float64", opt.float64},
               {"targets", opt.targets},
               {"skip_bad_examples", opt.skip_bad_examples}};
@@ -472,23 +476,38 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
         cl.coef = kl.coef;
         kl_diag = kl.diagnostics;
-        // KL must not end worse than its LS warm start on held-out data: the
-        // attention error of the same operator (family, k) with each.
-        if (can_select && closures >= 1) {
-          std::vector<Fit> pair{f, f};
-          pair[1].coef = kl.coef;
-          heldout_errors(stream, sh, s, theta, widest, st.held_idx, pair, {closures, closures}, opt);
-          const double e_ls = pair[0].error_by_k.back(), e_kl = pair[1].error_by_k.back();
-          kl_diag["heldout_attention_error_ls"] = e_ls;
-          kl_diag["heldout_attention_error_kl"] = e_kl;
-          kl_diag["fell_back_to_ls"] = false;
-          if (!(e_kl <= e_ls)) {
-            cl.coef = f.coef;
-            kl_diag["fell_back_to_ls"] = true;
-            if (opt.warn)
-              opt.warn(str("layer '", s.name, "': the KL fit ends with held-out attention error ", e_kl,
-                           ", worse than its LS warm start's ", e_ls, ", so the LS coefficients are kept"));
-          }
+      } else if (opt.fit == "attention" && closures >= 1) {
+        AttnFitOptions ao;
+        ao.max_iters = opt.attention_iters;
+        ao.cache_mb = opt.kl_cache_mb;
+        ao.batch_size = opt.batch_size;
+        ao.min_heldout = opt.min_heldout;
+        ao.progress = opt.progress;
+        ao.comm = comm;
+        ao.usable = [&](int64_t e) { return st.usable(e); };
+        auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
+        auto af = fit_attention(stream, sh, s, theta, f.family, f.coef, closures, is_held, ao);
+        cl.coef = af.coef;
+        kl_diag = af.diagnostics;
+      }
+      // A refit (KL or attention) must not end worse than its LS start on
+      // held-out data: the attention error of the same operator (family, k)
+      // with each, on the fast path.
+      if (kl_diag.is_object() && !kl_diag.contains("skipped") && can_select && closures >= 1) {
+        const char* what = opt.fit == "kl" ? "KL fit" : "attention refit";
+        std::vector<Fit> pair{f, f};
+        pair[1].coef = cl.coef;
+        heldout_errors(stream, sh, s, theta, widest, st.held_idx, pair, {closures, closures}, opt);
+        const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
+        kl_diag["heldout_attention_error_ls"] = e_ls;
+        kl_diag[opt.fit == "kl" ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
+        kl_diag["fell_back_to_ls"] = false;
+        if (!(e_re <= e_ls)) {
+          cl.coef = f.coef;
+          kl_diag["fell_back_to_ls"] = true;
+          if (opt.warn)
+            opt.warn(str("layer '", s.name, "': the ", what, " ends with held-out attention error ", e_re,
+                         ", worse than its LS start's ", e_ls, ", so the LS coefficients are kept"));
         }
       }
     } else {
@@ -561,7 +580,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
                    {"deploy_batch", opt.deploy_batch},
                    {"max_closures", opt.max_closures},
                    {"float64", opt.float64}}}};
-    if (!kl_diag.is_null()) summary["kl"] = kl_diag;
+    if (!kl_diag.is_null()) summary[opt.fit == "attention" ? "attention_fit" : "kl"] = kl_diag;
     bytes_read += stream.bytes_read();
     cl.fit_json = summary.dump();
     art.layers.push_back(std::move(cl));

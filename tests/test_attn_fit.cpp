@@ -1,0 +1,111 @@
+// The attention refit (--fit attention): the teacher's plan in the batch,
+// the gradient through the closures against finite differences, and
+// L-BFGS reaching an exactly representable target.
+#include <ATen/ATen.h>
+
+#include "asap/features.h"
+#include "asap/teacher.h"
+#include "compile/attn_fit.h"
+#include "test_util.h"
+
+namespace {
+
+struct Case {
+  at::Tensor q, k, mask;
+  asap::Convention c;
+};
+
+Case random_case(int64_t B, int64_t H, int64_t n, uint64_t seed, bool drop) {
+  at::manual_seed(seed);
+  Case x;
+  x.q = at::randn({B, H, n, 4}, at::kDouble);
+  x.k = at::randn({B, H, n, 4}, at::kDouble);
+  x.mask = at::ones({B, n}, at::kBool);
+  x.mask[0].slice(0, n - 2).fill_(false);  // two padded keys in the first example
+  x.c = asap::Convention{0.7, drop, true};
+  return x;
+}
+
+asap::AttnBatch batch_of(const Case& x, const at::Tensor& Psi, double scale, int T) {
+  return asap::make_attn_batch(x.q, x.k, x.mask, Psi, scale, x.c.eps, T, x.c.drop_padded_queries);
+}
+
+asap::AttnSource source_of(const std::vector<asap::AttnBatch>& bs) {
+  return [&bs](const std::function<void(const asap::AttnBatch&)>& fn) {
+    for (const auto& b : bs) fn(b);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("attention refit: the batch's plan is the teacher's (up to its scale), padding and dropped rows") {
+  for (bool drop : {false, true})
+    for (int T : {3, 6}) {
+      CAPTURE(drop);
+      CAPTURE(T);
+      auto x = random_case(2, 3, 7, 11 + T, drop);
+      auto Psi = at::zeros({2, 3, 7, 1}, at::kDouble);
+      auto b = batch_of(x, Psi, 0.5, T);
+      auto A = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, 0.5, T, x.c, true).A;
+      // Relative Frobenius error is what the objective and compile's selection
+      // use, so the plan only has to match up to one factor per head.
+      auto norm = [](const at::Tensor& P) { return P / P.sum(at::IntArrayRef{-2, -1}, true); };
+      CHECK_CLOSE_T(norm(b.Pstar), norm(A), 1e-10);
+    }
+}
+
+TEST_CASE("attention refit: gradient matches finite differences (k = 1..4, pooled and per head)") {
+  auto x = random_case(2, 3, 7, 5, true);
+  auto m = asap::log_marginals(x.mask, 2, 7, true, at::kDouble, at::kCPU);
+  asap::FeatureFamily fam{3, true, true};
+  auto Psi = asap::build_features(x.q, x.k, m, asap::make_slice_bank(4, 3, 9), fam, 0.5, x.c.eps);
+  std::vector<asap::AttnBatch> bs{batch_of(x, Psi, 0.5, 6)};
+  auto src = source_of(bs);
+  const int64_t P = Psi.size(3);
+  for (int k : {1, 2, 3, 4})
+    for (int64_t G : {1, 3}) {
+      CAPTURE(k);
+      CAPTURE(G);
+      at::manual_seed(3 + G);
+      auto beta = 0.2 * at::randn({G, P}, at::kDouble) + 0.3;
+      at::Tensor grad;
+      const double f = asap::attn_evaluate(src, beta, x.c.eps, k, &grad);
+      CHECK(std::isfinite(f));
+      CHECK(f > 0);
+      auto num = at::zeros_like(beta);
+      const double h = 1e-6;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t a = 0; a < P; ++a) {
+          auto e = at::zeros_like(beta);
+          e[g][a] = h;
+          num[g][a] = (asap::attn_evaluate(src, beta + e, x.c.eps, k, nullptr) -
+                       asap::attn_evaluate(src, beta - e, x.c.eps, k, nullptr)) /
+                      (2 * h);
+        }
+      CHECK_CLOSE_T(grad, num, 1e-6);
+    }
+}
+
+TEST_CASE("attention refit: L-BFGS finds a k-matched dual that reproduces the teacher's plan") {
+  // The one feature column is the teacher's row dual after T - k = 3
+  // half-steps in cost coordinates, so coefficient 1 followed by k = 3
+  // closures is exactly the teacher (T = 6); start from 0.4.
+  auto x = random_case(3, 2, 8, 21, false);
+  const double scale = 0.5, eps = x.c.eps;
+  auto f3 = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, scale, 3, x.c, false).f;
+  auto m = asap::log_marginals(x.mask, 3, 8, false, at::kDouble, at::kCPU);
+  auto col = (f3 + asap::cost_alpha(x.q, scale)).masked_fill(m.row_active.logical_not(), 0.0).unsqueeze(-1);
+  std::vector<asap::AttnBatch> bs{batch_of(x, col, scale, 6)};
+  auto src = source_of(bs);
+  CHECK(asap::attn_evaluate(src, at::ones({1, 1}, at::kDouble), eps, 3, nullptr) < 1e-20);
+  asap::AttnFitOptions o;
+  o.max_iters = 50;
+  auto start = at::full({1, 1}, 0.4, at::kDouble);
+  const double f0 = asap::attn_evaluate(src, start, eps, 3, nullptr);
+  auto r = asap::refine_attention(src, &src, start, eps, 3, o);
+  const double f1 = asap::attn_evaluate(src, r.coef, eps, 3, nullptr);
+  CHECK(f0 > 1e-3);
+  CHECK(f1 < 1e-8 * f0);
+  CHECK(std::abs(r.coef.item<double>() - 1.0) < 1e-3);
+  CHECK(r.diagnostics["heldout_objective"].get<double>() <= r.diagnostics["heldout_objective_ls"].get<double>());
+}
