@@ -407,6 +407,13 @@ def targets(r):
                      "layer: **%s**%s" % ("met" if met else "missed",
                                           "" if met else " (not on %s)" % ", ".join(
                                               "`%s`" % b for b in beaten)))
+    c = r.get("curve")
+    fast = [q for q in (c["points"] if c else []) if q["min_speedup"] and q["min_speedup"] >= MIN_SPEEDUP]
+    if fast:
+        b = max(fast, key=lambda q: q["agreement"])
+        lines.append("best agreement over the compile targets of the curve below with every layer at least "
+                     "%.2fx faster (asapc verify): %.2f%% (`%s`, %.2fx, accuracy %.2f%%)"
+                     % (MIN_SPEEDUP, b["agreement"], b["target"], b["min_speedup"], b["accuracy"]))
     p = max(int(x) for x in v["passes"].split("/"))
     same = next((s for s in r["variants"] if s["kind"] == "sinkhorn" and s["T"] == p), None)
     if same is not None:
