@@ -62,7 +62,17 @@ def run_compile(case, procs, threads, out):
             "bytes_reduced": d.get("bytes_reduced", 0), "reductions": d.get("reductions", 0),
             "calibration_bytes_read": d["calibration_bytes_read"],
             "examples": summary["layers"][0]["examples"], "layers": len(summary["layers"]),
-            "n": None}
+            "n": None, "phase_times_s": phases_of(summary)}
+
+
+def phases_of(summary):
+    """Rank 0's phase times, summed over layers (where a distributed compile spends its time)."""
+    out = {}
+    for L in summary["layers"]:
+        for k, v in L.get("phase_times_s", {}).items():
+            if isinstance(v, (int, float)):
+                out[k] = round(out.get(k, 0.0) + v, 4)
+    return out
 
 
 def machine():
