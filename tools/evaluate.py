@@ -663,8 +663,8 @@ def curve_section(r):
               % (MIN_SPEEDUP, b["target"], b["agreement"], b["min_speedup"])]
         top = max(c["points"], key=lambda p: p["agreement"])
         if top["agreement"] > b["agreement"] + 0.05:
-            L.append("The highest agreement of the sweep, %.2f%% (`%s`), runs at %s: closer operators need "
-                     "more log-sum-exp passes than one %.2fx faster than the teacher has room for at this "
+            L.append("The highest agreement of the sweep, %.2f%% (`%s`), runs at %s: the closer operators cost "
+                     "more (log-sum-exp passes, slices) than one %.2fx faster than the teacher may at this "
                      "shape (docs/decisions.md, \"Attention refit and the 97%% goal\")."
                      % (top["agreement"], top["target"],
                         "%.2fx" % top["min_speedup"] if top["min_speedup"] else "an untimed speed",
