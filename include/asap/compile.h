@@ -125,9 +125,9 @@ struct CompileOptions {
   // streams its share, sums are reduced, rank 0 measures latency and
   // chooses, and every rank returns the same artifact.
   std::shared_ptr<Communicator> comm;
-  // Threads rank 0 times the operators with in a distributed compile (the
-  // other ranks wait meanwhile): the deployment's, as one process would
-  // use. 0: keep the rank's own.
+  // Threads the operators are timed with (--deploy-threads): the
+  // deployment's. In a distributed compile rank 0 times while the others
+  // wait. 0: the process's own.
   int latency_threads = 0;
   std::function<void(const ProgressEvent&)> progress;  // called from the compiling thread
   std::function<void(const std::string&)> warn;         // warnings (default: none)

@@ -199,6 +199,22 @@ def killed_rank_stops_every_rank():
 
 
 @test
+def rank_zero_times_at_the_deployment_threads():
+    # --threads is each rank's share while compiling; the operators are timed
+    # at --deploy-threads, by default every core of rank 0's machine.
+    base = [ASAPC, "compile", NAME + ".pt", "--spec", NAME + ".spec.json", "--calib", NAME + ".calib.h5",
+            "--max-examples", "128", "-q", "--json", "--no-report", "--threads", "1"]
+    for extra, want in (([], os.cpu_count() or 1), (["--deploy-threads", "1"], 1)):
+        out = os.path.join(TMP, "deploy%d.asap.h5" % want)
+        res = finish(start_ranks(lambda r: base + ["-o", out] + extra, 2))
+        for rank, (rc, _, err) in enumerate(res):
+            assert rc == 0, (rank, err)
+        summary = json.loads(res[0][1])
+        for layer in summary["layers"]:
+            assert layer["latency"]["source"]["threads"] == want, (extra, layer["latency"]["source"])
+
+
+@test
 def a_rank_that_never_joins_is_named():
     out = os.path.join(TMP, "never.asap.h5")
     argv = compile_args(out, extra=["--no-report", "--dist-timeout", "5"]) + [

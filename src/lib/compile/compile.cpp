@@ -394,14 +394,15 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         for (int64_t e = sh.readable_begin; e < sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
           timed.push_back(e);
       const int rank_threads = at::get_num_threads();
-      if (comm && opt.latency_threads > 0) at::set_num_threads(opt.latency_threads);
+      const bool switch_threads = opt.latency_threads > 0 && opt.latency_threads != rank_threads;
+      if (switch_threads) at::set_num_threads(opt.latency_threads);
       struct Restore {
         int n;
         bool on;
         ~Restore() {
           if (on) at::set_num_threads(n);
         }
-      } restore{rank_threads, comm && opt.latency_threads > 0};
+      } restore{rank_threads, switch_threads};
       std::shared_ptr<LatencyModel> model =
           opt.latency ? opt.latency : measured_latency(stream, s, theta, timed, opt.deploy_batch);
       latency_source = model->describe();
