@@ -11,6 +11,7 @@
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "compile/cached_split.h"
 #include "io/layer_stream.h"
 
 namespace asap {
@@ -224,59 +225,6 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
   return {best, diag};
 }
 
-namespace {
-
-// Batches of a split, cached within a budget, else rebuilt on every pass.
-class AttnSplit {
- public:
-  AttnSplit(const LayerStream& st, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& fam,
-            std::vector<int64_t> idx, int64_t batch, double cache_mb)
-      : st_(st), s_(s), theta_(theta), fam_(fam), idx_(std::move(idx)), batch_(batch), cache_mb_(cache_mb) {}
-
-  void operator()(const std::function<void(const AttnBatch&)>& fn) {
-    if (cached_) {
-      for (const auto& b : cache_) fn(b);
-      return;
-    }
-    int64_t bytes = 0;
-    bool keep = true;
-    std::vector<AttnBatch> fresh;
-    for (size_t i = 0; i < idx_.size(); i += static_cast<size_t>(batch_)) {
-      std::vector<int64_t> part(idx_.begin() + i, idx_.begin() + std::min(idx_.size(), i + static_cast<size_t>(batch_)));
-      auto hb = st_.read_indices(part);
-      const auto c = convention_of(s_);
-      auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
-                             hb.q.device());
-      auto Psi = build_features(hb.q, hb.k, m, theta_, fam_, s_.score_scale, s_.eps);
-      AttnBatch b = make_attn_batch(hb.q, hb.k, hb.mask, Psi, s_.score_scale, s_.eps, s_.T, c.drop_padded_queries);
-      fn(b);
-      bytes += b.bytes();
-      keep = keep && bytes <= static_cast<int64_t>(cache_mb_ * 1048576.0);
-      if (keep) fresh.push_back(std::move(b));
-    }
-    if (keep) {
-      cache_ = std::move(fresh);
-      cached_ = true;
-      cached_bytes_ = bytes;
-    }
-  }
-  bool empty() const { return idx_.empty(); }
-  int64_t cached_bytes() const { return cached_bytes_; }
-
- private:
-  const LayerStream& st_;
-  const LayerSpec& s_;
-  const at::Tensor& theta_;
-  FeatureFamily fam_;
-  std::vector<int64_t> idx_;
-  int64_t batch_;
-  double cache_mb_;
-  bool cached_ = false;
-  int64_t cached_bytes_ = 0;
-  std::vector<AttnBatch> cache_;
-};
-
-}  // namespace
 
 AttnFit fit_attention(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                       const FeatureFamily& family, const at::Tensor& coef_ls, int closures,
@@ -285,8 +233,15 @@ AttnFit fit_attention(const LayerStream& stream, const Shards& sh, const LayerSp
   for (int64_t e = 0; e < sh.total; ++e)
     if (!opt.usable || opt.usable(e)) (is_heldout(e) ? he : tr).push_back(e);
   const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
-  AttnSplit train(stream, s, theta, family, sh.mine(tr), opt.batch_size, opt.cache_mb);
-  AttnSplit held(stream, s, theta, family, sh.mine(he), opt.batch_size, opt.cache_mb);
+  auto build = [&s, &theta, &family](const HeadBatch& hb) {
+    const auto c = convention_of(s);
+    auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
+                           hb.q.device());
+    auto Psi = build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
+    return make_attn_batch(hb.q, hb.k, hb.mask, Psi, s.score_scale, s.eps, s.T, c.drop_padded_queries);
+  };
+  CachedSplit<AttnBatch> train(stream, sh.mine(tr), opt.batch_size, opt.cache_mb, build);
+  CachedSplit<AttnBatch> held(stream, sh.mine(he), opt.batch_size, opt.cache_mb, build);
   AttnSource train_src = [&](const std::function<void(const AttnBatch&)>& fn) { train(fn); };
   AttnSource held_src = [&](const std::function<void(const AttnBatch&)>& fn) { held(fn); };
   AttnFit r = refine_attention(train_src, can_select ? &held_src : nullptr, coef_ls, s.eps, closures, opt, s.name);

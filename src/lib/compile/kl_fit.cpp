@@ -11,6 +11,7 @@
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "compile/cached_split.h"
 #include "io/layer_stream.h"
 
 namespace asap {
@@ -168,61 +169,6 @@ KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double
   return r;
 }
 
-namespace {
-
-// Batches of a split, cached in memory within a budget, else recomputed.
-class SplitSource {
- public:
-  SplitSource(const LayerStream& st, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& fam,
-              std::vector<int64_t> idx, int64_t batch, double cache_mb)
-      : st_(st), s_(s), theta_(theta), fam_(fam), idx_(std::move(idx)), batch_(batch), cache_mb_(cache_mb) {}
-
-  void operator()(const std::function<void(const KlBatch&)>& fn) {
-    if (cached_) {
-      for (const auto& b : cache_) fn(b);
-      return;
-    }
-    int64_t bytes = 0;
-    bool keep = true;
-    std::vector<KlBatch> fresh;
-    for (size_t i = 0; i < idx_.size(); i += static_cast<size_t>(batch_)) {
-      std::vector<int64_t> part(idx_.begin() + i, idx_.begin() + std::min(idx_.size(), i + static_cast<size_t>(batch_)));
-      auto hb = st_.read_indices(part);
-      const auto c = convention_of(s_);
-      auto t = run_teacher(hb.q, hb.k, at::Tensor(), hb.mask, s_.score_scale, s_.T, c, false);
-      auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
-                             hb.q.device());
-      auto Psi = build_features(hb.q, hb.k, m, theta_, fam_, s_.score_scale, s_.eps);
-      KlBatch kb = make_kl_batch(hb.q, hb.k, hb.mask, t.f_star, Psi, s_.score_scale, s_.eps, c.drop_padded_queries);
-      fn(kb);
-      bytes += kb.bytes();
-      keep = keep && bytes <= static_cast<int64_t>(cache_mb_ * 1048576.0);
-      if (keep) fresh.push_back(std::move(kb));
-    }
-    if (keep) {
-      cache_ = std::move(fresh);
-      cached_ = true;
-    }
-    cached_bytes_ = keep ? bytes : 0;
-  }
-  bool cached() const { return cached_; }
-  int64_t cached_bytes() const { return cached_bytes_; }
-  bool empty() const { return idx_.empty(); }
-
- private:
-  const LayerStream& st_;
-  const LayerSpec& s_;
-  const at::Tensor& theta_;
-  FeatureFamily fam_;
-  std::vector<int64_t> idx_;
-  int64_t batch_;
-  double cache_mb_;
-  bool cached_ = false;
-  int64_t cached_bytes_ = 0;
-  std::vector<KlBatch> cache_;
-};
-
-}  // namespace
 
 KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& family,
              bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
@@ -231,8 +177,16 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
   for (int64_t e = 0; e < sh.total; ++e)
     if (!opt.usable || opt.usable(e)) (is_heldout(e) ? he : tr).push_back(e);
   const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
-  SplitSource train(stream, s, theta, family, sh.mine(tr), opt.batch_size, opt.cache_mb);
-  SplitSource held(stream, s, theta, family, sh.mine(he), opt.batch_size, opt.cache_mb);
+  auto build = [&s, &theta, &family](const HeadBatch& hb) {
+    const auto c = convention_of(s);
+    auto t = run_teacher(hb.q, hb.k, at::Tensor(), hb.mask, s.score_scale, s.T, c, false);
+    auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
+                           hb.q.device());
+    auto Psi = build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
+    return make_kl_batch(hb.q, hb.k, hb.mask, t.f_star, Psi, s.score_scale, s.eps, c.drop_padded_queries);
+  };
+  CachedSplit<KlBatch> train(stream, sh.mine(tr), opt.batch_size, opt.cache_mb, build);
+  CachedSplit<KlBatch> held(stream, sh.mine(he), opt.batch_size, opt.cache_mb, build);
   KlSource train_src = [&](const std::function<void(const KlBatch&)>& fn) { train(fn); };
   KlSource held_src = [&](const std::function<void(const KlBatch&)>& fn) { held(fn); };
   Communicator* comm = opt.comm;
