@@ -272,6 +272,18 @@ def curve(a):
     target (each with its own `asapc verify --json`), evaluated on the test
     split, and the teacher's Sinkhorn loop cut to T' < T with the speed-ups
     of the first verify run."""
+    if not os.path.exists(a.teacher):
+        log("evaluate.py curve: teacher checkpoint '%s' does not exist" % a.teacher)
+        return 2
+    for spec in a.point:
+        parts = spec.split("=", 2)
+        if len(parts) != 3 or not all(parts):
+            log("evaluate.py curve: --point expects LABEL=ARTIFACT=VERIFY_JSON, found %r" % spec)
+            return 2
+        for what, path in (("artifact", parts[1]), ("verify JSON", parts[2])):
+            if not os.path.exists(path):
+                log("evaluate.py curve: --point %s: %s '%s' does not exist" % (parts[0], what, path))
+                return 2
     import torch
     import asap_torch
     import train_teachers

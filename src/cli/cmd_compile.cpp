@@ -31,7 +31,7 @@ struct CompileArgs {
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
-  int deploy_threads = 0;
+  int deploy_threads = -1;  // -1: not given
   bool quiet = false, json = false, no_report = false;
 };
 
@@ -199,8 +199,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_flag("--no-report", a->no_report, "skip the fidelity report");
   c->add_option("--threads", a->threads, "threads (default: all cores)");
   c->add_option("--deploy-threads", a->deploy_threads,
-                "threads at which latency is measured (default: --threads in one process, every core in a "
-                "distributed compile)");
+                "threads at which latency is measured, 0 = all cores (default: --threads in one process, every "
+                "core in a distributed compile)");
   c->add_flag("-q,--quiet", a->quiet, "no progress bar, no warnings");
   c->add_flag("--json", a->json, "print the compile summary as JSON on stdout");
   add_dist_options(c, a->dist);
@@ -242,10 +242,11 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       // else --threads in one process, else every core (a rank's --threads
       // is its share of the machine, not the deployment's).
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      a->opt.latency_threads = a->deploy_threads > 0 ? a->deploy_threads
-                               : comm              ? cores
-                               : a->threads > 0    ? a->threads
-                                                   : cores;
+      a->opt.latency_threads = a->deploy_threads > 0   ? a->deploy_threads
+                               : a->deploy_threads == 0 ? cores
+                               : comm                 ? cores
+                               : a->threads > 0       ? a->threads
+                                                      : cores;
       const bool lead = !comm || comm->rank() == 0;
       Progress bar(a->quiet || !lead);
       GroupProgress progress(bar, comm);

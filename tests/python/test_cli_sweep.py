@@ -30,7 +30,8 @@ COMPILE = [ASAPC, "compile", NAME + ".pt", "--spec", NAME + ".spec.json", "--cal
 COMPILE_FLAGS = ["--slices", "--slice-counts", "--fixed-slices", "--features", "--heads-mode", "--ridge",
                  "--ridge-grid", "--kl-ridge", "--kl-iters", "--kl-cache-mb", "--closures", "--max-passes",
                  "--max-closures", "--deploy-batch", "--selection-examples", "--batch-size", "--heldout-fraction",
-                 "--seed", "--max-examples", "--threads", "--layers", "--fit", "--dist-timeout", "--latency-table"]
+                 "--seed", "--max-examples", "--threads", "--layers", "--fit", "--dist-timeout", "--latency-table",
+                 "--attention-iters", "--deploy-threads"]
 VERIFY = [ASAPC, "verify", NAME + ".pt", "--artifact", os.path.join(TMP, "a.asap.h5"), "--data",
           NAME + ".heldout.h5", "--max-examples", "8", "--no-timing", "-q", "--json-out", os.path.join(TMP, "v.json"),
           "--report", os.path.join(TMP, "v.html")]
@@ -43,7 +44,7 @@ INSPECT_FLAGS = ["--T", "--eps", "--heads", "--score-scale", "--mask"]
 VALID = {
     ("--slice-counts", "0"), ("--seed", "0"), ("--seed", "99999999999999"), ("--ridge", "0"), ("--kl-ridge", "0"),
     ("--ridge-grid", "0"), ("--selection-examples", "0"), ("--heldout-fraction", "0"), ("--max-examples", "0"),
-    ("--threads", "0"), ("--max-passes", "0"), ("--closures", "0"), ("--fixed-slices", "0"),
+    ("--threads", "0"), ("--deploy-threads", "0"), ("--max-passes", "0"), ("--closures", "0"), ("--fixed-slices", "0"),
     ("--max-examples", "99999999999999"), ("--selection-examples", "99999999999999"), ("--kl-cache-mb", "0"),
     ("--kl-cache-mb", "99999999999999"), ("--kl-cache-mb", "1e300"), ("--kl-iters", "0"),
     ("--kl-ridge", "99999999999999"), ("--kl-ridge", "1e300"),

@@ -234,11 +234,8 @@ AttnFit fit_attention(const LayerStream& stream, const Shards& sh, const LayerSp
     if (!opt.usable || opt.usable(e)) (is_heldout(e) ? he : tr).push_back(e);
   const bool can_select = static_cast<int64_t>(he.size()) >= opt.min_heldout;
   auto build = [&s, &theta, &family](const HeadBatch& hb) {
-    const auto c = convention_of(s);
-    auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
-                           hb.q.device());
-    auto Psi = build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
-    return make_attn_batch(hb.q, hb.k, hb.mask, Psi, s.score_scale, s.eps, s.T, c.drop_padded_queries);
+    auto Psi = split_features(hb, s, theta, family);
+    return make_attn_batch(hb.q, hb.k, hb.mask, Psi, s.score_scale, s.eps, s.T, convention_of(s).drop_padded_queries);
   };
   CachedSplit<AttnBatch> train(stream, sh.mine(tr), opt.batch_size, opt.cache_mb, build);
   CachedSplit<AttnBatch> held(stream, sh.mine(he), opt.batch_size, opt.cache_mb, build);

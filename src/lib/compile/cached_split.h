@@ -8,9 +8,21 @@
 #include <utility>
 #include <vector>
 
+#include "asap/features.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
 #include "io/layer_stream.h"
 
 namespace asap {
+
+// The reference features of a batch (what both iterative fits consume).
+inline at::Tensor split_features(const HeadBatch& hb, const LayerSpec& s, const at::Tensor& theta,
+                                 const FeatureFamily& family) {
+  const auto c = convention_of(s);
+  auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
+                         hb.q.device());
+  return build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
+}
 
 template <class Batch>
 class CachedSplit {

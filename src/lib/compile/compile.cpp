@@ -230,6 +230,18 @@ json fits_json(const std::vector<Fit>& fits) {
 
 // Every rank must compile the same teacher with the same spec and options:
 // compared at start-up, naming the first rank and field that differ.
+// What the iterative refits (KL, attention) share: cache, batches, the
+// held-out minimum, progress, the group, and the usable examples.
+template <class RefitOptions>
+void refit_common(RefitOptions& o, const CompileOptions& opt, Communicator* comm, const Statistics& st) {
+  o.cache_mb = opt.kl_cache_mb;
+  o.batch_size = opt.batch_size;
+  o.min_heldout = opt.min_heldout;
+  o.progress = opt.progress;
+  o.comm = comm;
+  o.usable = [&st](int64_t e) { return st.usable(e); };
+}
+
 void check_same_start(Communicator& comm, const Checkpoint& ck, const std::string& spec_path, const CompileOptions& opt) {
   std::ifstream in(spec_path, std::ios::binary);
   const std::string spec_bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -460,6 +472,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       cl.per_head = f.cand.per_head;
       cl.coef = f.coef;
       cl.default_closures = closures;
+      auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
       if (opt.fit == "kl" && f.target_k > 0) {
         kl_diag = json{{"skipped", "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
                                    "coefficients"}};
@@ -467,26 +480,14 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         KlOptions ko;
         ko.ridge = opt.kl_ridge;
         ko.max_iters = opt.kl_max_iters;
-        ko.cache_mb = opt.kl_cache_mb;
-        ko.batch_size = opt.batch_size;
-        ko.min_heldout = opt.min_heldout;
-        ko.progress = opt.progress;
-        ko.comm = comm;
-        auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
-        ko.usable = [&](int64_t e) { return st.usable(e); };
+        refit_common(ko, opt, comm, st);
         auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
         cl.coef = kl.coef;
         kl_diag = kl.diagnostics;
       } else if (opt.fit == "attention" && closures >= 1) {
         AttnFitOptions ao;
         ao.max_iters = opt.attention_iters;
-        ao.cache_mb = opt.kl_cache_mb;
-        ao.batch_size = opt.batch_size;
-        ao.min_heldout = opt.min_heldout;
-        ao.progress = opt.progress;
-        ao.comm = comm;
-        ao.usable = [&](int64_t e) { return st.usable(e); };
-        auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
+        refit_common(ao, opt, comm, st);
         auto af = fit_attention(stream, sh, s, theta, f.family, f.coef, closures, is_held, ao);
         cl.coef = af.coef;
         kl_diag = af.diagnostics;

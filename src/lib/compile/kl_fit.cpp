@@ -180,9 +180,7 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
   auto build = [&s, &theta, &family](const HeadBatch& hb) {
     const auto c = convention_of(s);
     auto t = run_teacher(hb.q, hb.k, at::Tensor(), hb.mask, s.score_scale, s.T, c, false);
-    auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
-                           hb.q.device());
-    auto Psi = build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
+    auto Psi = split_features(hb, s, theta, family);
     return make_kl_batch(hb.q, hb.k, hb.mask, t.f_star, Psi, s.score_scale, s.eps, c.drop_padded_queries);
   };
   CachedSplit<KlBatch> train(stream, sh.mine(tr), opt.batch_size, opt.cache_mb, build);
