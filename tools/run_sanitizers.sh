@@ -100,8 +100,11 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
       [ -f "$input" ] || continue
       rlog=$input.replay.log
       if "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 "$input" > "$rlog" 2>&1; then
-        say "fuzz_$t: $input did not reproduce on replay (log: $rlog)"
-        failed=1
+        # A crash in a fork-mode child that a fresh process does not repeat
+        # cannot be blamed: HDF5 1.10.8 keeps global state (caches, global
+        # heaps) across the inputs of one process. Kept and printed, not failed
+        # (docs/reliability.md).
+        say "fuzz_$t: WARNING: $input crashed while fuzzing but not on replay in a fresh process; kept for inspection, not blamed (log: $rlog)"
         continue
       fi
       # Blame the first stack frame that is either inside libhdf5 or in asapc's
