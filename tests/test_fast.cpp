@@ -537,8 +537,28 @@ TEST_CASE("fast: the public entry points run the fast path on CPU and the refere
   CHECK_REL(lpub.out, lref.out, 1e-5);
   CHECK_REL(lpub.attention, lref.attention, 1e-5);
   // Dtypes the fast path does not handle go to the reference (and its
-  // error); half precision is widened to float32 above both.
+  // error); half precision is widened to float32 above both. The kernels
+  // themselves refuse what they do not handle instead of calling the
+  // reference (one direction: runtime -> fast, runtime -> reference).
   CHECK_FALSE(asap::fast::handles(q.to(at::kHalf)));
+  CHECK_THROWS_AS(asap::fast::teacher(q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, s, 6, c),
+                  asap::Error);
+  auto meta = at::empty({B, H, n, d}, at::TensorOptions().device(at::kMeta));
+  CHECK_FALSE(asap::fast::handles(q, meta));
+  CHECK_THROWS_AS(asap::fast::teacher(q, meta, v, mask, s, 6, c), asap::Error);
+  CHECK_THROWS_AS(asap::fast::build_features(meta, meta, at::Tensor(), false, L.theta, fam, s, 1.0), asap::Error);
+  auto q0 = q.slice(0, 0, 0), k0 = k.slice(0, 0, 0), v0 = v.slice(0, 0, 0);
+  CHECK_FALSE(asap::fast::handles(q0, k0, v0));
+  CHECK_THROWS_AS(asap::fast::asap_layer(L, q0, k0, v0, at::Tensor()), asap::Error);
+  CHECK(asap::run_teacher(q0, k0, v0, at::Tensor(), s, 6, c, true).O.sizes() == v0.sizes());
+  CHECK(asap::run_layer(L, q0, k0, v0, at::Tensor(), {}).out.sizes() == v0.sizes());
+  auto Lsink = L;
+  Lsink.kind = asap::OperatorKind::kSinkhorn;
+  Lsink.sinkhorn_steps = 3;
+  CHECK_THROWS_AS(asap::fast::asap_layer(Lsink, q, k, v, mask), asap::Error);
+  CHECK(at::equal(asap::run_layer(Lsink, q, k, v, mask, {}).out,
+                  asap::fast::teacher(q, k, v, mask, L.spec.score_scale, 3, asap::convention_of(L.spec), false, {},
+                                      false).O));
   CHECK_THROWS_AS(asap::run_layer(L, q.to(at::kInt), k.to(at::kInt), v.to(at::kInt), mask, o), asap::Error);
   CHECK(at::equal(asap::run_layer(L, q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, o).out,
                   asap::run_layer(L, q.to(at::kHalf).to(at::kFloat), k.to(at::kHalf).to(at::kFloat),

@@ -4,6 +4,7 @@
 
 #include "asap/features.h"
 #include "asap/operator.h"
+#include "asap/runtime.h"
 #include "test_util.h"
 
 using asap_test::load_json;

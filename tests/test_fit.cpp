@@ -7,6 +7,7 @@
 
 #include "asap/features.h"
 #include "asap/fit.h"
+#include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "test_util.h"
 

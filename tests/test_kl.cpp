@@ -4,6 +4,7 @@
 
 #include "asap/features.h"
 #include "asap/fit.h"
+#include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "compile/kl_fit.h"
 #include "test_util.h"

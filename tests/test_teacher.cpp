@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "asap/error.h"
+#include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "test_util.h"
 

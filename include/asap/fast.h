@@ -2,10 +2,14 @@
 // the features (issue 9).
 //
 // Same inputs and outputs as the ATen reference paths (asap/teacher.h,
-// asap/runtime.h, asap/features.h), which remain the specification: the
+// asap/operator.h, asap/features.h), which remain the specification: the
 // tests check fast == reference to 1e-5 relative in float32 and 1e-10 in
-// float64. Tensors on other devices, and dtypes other than float32/float64,
-// are handed to the reference path unchanged.
+// float64. The kernels take what handles() accepts (CPU, float32/float64, at
+// least one head and one token) and refuse anything else with asap::Error;
+// asap::run_teacher and asap::run_layer (asap/runtime.h) take every input
+// and choose between these kernels and the reference. This header and
+// src/lib/fast/ know neither the runtime nor the reference path
+// (docs/performance.md, "Layering").
 //
 // How it works (docs/performance.md): parallel over (batch, head) with
 // per-thread workspaces, or over rows/columns of one head when there are
@@ -22,7 +26,7 @@
 #include <vector>
 
 #include "asap/artifact.h"
-#include "asap/runtime.h"
+#include "asap/layer_call.h"
 #include "asap/teacher.h"
 
 namespace asap {
@@ -47,15 +51,18 @@ struct Tuning {
 std::vector<std::string> available_isas();
 // The one used for `tuning` (validated; throws asap::Error when unavailable).
 std::string isa_for(const Tuning& tuning = {});
-// Whether the fast path handles these inputs (CPU, float32 or float64).
-bool handles(const at::Tensor& q);
+// Whether the kernels take these inputs: every defined tensor on the CPU and
+// dense, q float32 or float64, and (for [B, H, n, d] inputs) B * H >= 1 and
+// n >= 1. Other inputs make the functions below throw asap::Error.
+bool handles(const at::Tensor& q, const at::Tensor& k = {}, const at::Tensor& v = {},
+             const at::Tensor& key_mask = {});
 // Whether at::parallel_for runs in parallel in this build: false when
 // LibTorch uses OpenMP and the library was compiled without it (the fast
 // path then still works, on one thread).
 bool parallel_build();
 
-// Same as asap::run_teacher (all fields of TeacherResult; with want_duals =
-// false only O and A).
+// Same as asap::run_teacher_reference (all fields of TeacherResult; with
+// want_duals = false only O and A).
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention = true,
                       const Tuning& tuning = {}, bool want_duals = true);
@@ -69,8 +76,9 @@ inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& 
   return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning, /*want_duals=*/false);
 }
 
-// Same as asap::run_layer(layer, q, k, v, key_mask, {closures, want_attention}):
-// closures = 0 uses the layer's default.
+// Same as asap::run_layer_reference(layer, q, k, v, key_mask, {closures,
+// want_attention}) for a layer of kind kAsap: closures = 0 uses the layer's
+// default.
 LayerOutput asap_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& key_mask, int closures = 0, bool want_attention = false,
                        const Tuning& tuning = {});

@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "asap/layer_call.h"
 #include "asap/teacher.h"
 
 namespace asap {
@@ -32,5 +33,12 @@ void for_each_closure(const at::Tensor& S, const at::Tensor& f_hat, const LogMar
 // g1 = col(f_hat), f1 = row(g1), g2 = col(f1), ...; odd k ends on a column.
 ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
                            const LogMarginals& m, const Convention& c, int k, bool want_attention);
+
+// One compiled layer in plain ATen (asap-math.md section 5 step by step;
+// the teacher or Sinkhorn loop for the zero-parameter kinds): the
+// specification the fused path is tested against. asap::run_layer
+// (asap/runtime.h) chooses between this and the fused kernels.
+LayerOutput run_layer_reference(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt = {});
 
 }  // namespace asap

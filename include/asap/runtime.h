@@ -15,33 +15,31 @@
 #include <vector>
 
 #include "asap/artifact.h"
+#include "asap/layer_call.h"
+#include "asap/operator.h"
 #include "asap/teacher.h"
 
 namespace asap {
 
-struct RunOptions {
-  int closures = 0;               // k >= 1 closures; 0 = the layer's compiled default
-  bool return_attention = false;  // also return the [B, H, n, n] attention matrix
-};
-
-struct LayerOutput {
-  at::Tensor out;        // head outputs [B, H, n, dv]
-  at::Tensor attention;  // [B, H, n, n] when requested
-  at::Tensor phi_hat;    // predicted centered cost-coordinate dual [B, H, n]
-};
+// The teacher's finite loop with budget T >= 1 (odd T ends on a row
+// closure), asap/teacher.h's conventions and results. CPU float32/float64
+// inputs run on the fused kernels (asap::fast::teacher); other devices and
+// empty batches on the reference (asap::run_teacher_reference); float16 and
+// bfloat16 are computed in float32 and returned in their dtype.
+// want_attention = false skips materialising A. want_duals = false is the
+// teacher as deployed: only O (and A) are returned, without the duals compile
+// needs (f, g, f_star and phi_bar_star stay undefined), which is what
+// latencies are measured on.
+TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                          bool want_attention = true, bool want_duals = true);
 
 // Runs one compiled layer on per-head tensors: CPU float32/float64 inputs on
-// the fused kernels of asap/fast.h, others on the reference below.
+// the fused kernels (asap::fast::asap_layer), others on the reference
+// (asap::run_layer_reference in asap/operator.h). A head whose q, k or v
+// holds NaN or +-inf returns NaN for its whole output, whichever path runs.
 LayerOutput run_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& key_mask, const RunOptions& opt = {});
-
-// The same operator in plain ATen (asap-math.md section 5 step by step): the
-// specification the fast path is tested against.
-LayerOutput run_layer_reference(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& key_mask, const RunOptions& opt = {});
-
-// The teacher conventions of a compiled layer.
-Convention convention_of(const LayerSpec& spec);
 
 class CompiledModel {
  public:

@@ -50,18 +50,10 @@ struct TeacherResult {
   at::Tensor phi_bar_star;  // centered cost-coordinate target (T >= 2)
 };
 
-// Runs the finite loop with budget T >= 1 (odd T ends on a row closure).
-// want_attention=false skips materialising A when only O and duals are needed.
-// CPU float32/float64 inputs run on the fused kernels of asap/fast.h; others
-// on the reference below. want_duals=false is the teacher as deployed: only O
-// (and A) are returned, without the duals compile needs (f, g, f_star and
-// phi_bar_star stay undefined), which is what latencies are measured on.
-TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention = true, bool want_duals = true);
-
-// The same loop in plain ATen, materialising [B, H, n, n] scores: the
-// specification the fast path is tested against (tests/test_fast.cpp).
+// The finite loop with budget T >= 1 (odd T ends on a row closure) in plain
+// ATen, materialising [B, H, n, n] scores: the specification the fast path
+// is tested against (tests/test_fast.cpp). asap::run_teacher (asap/runtime.h)
+// chooses between this and the fused kernels.
 TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& key_mask, double scale, int T, const Convention& c,
                           bool want_attention = true);

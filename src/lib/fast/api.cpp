@@ -11,10 +11,8 @@
 
 #include "asap/error.h"
 #include "asap/fast.h"
-#include "asap/features.h"
-#include "asap/runtime.h"
+#include "asap/layer_call.h"
 #include "fast/engine.h"
-#include "runtime/checks.h"
 
 namespace asap {
 namespace fast {
@@ -24,9 +22,11 @@ using detail::Choice;
 using detail::Engine;
 using detail::HeadOut;
 
-bool handles(const at::Tensor& q) {
-  return q.defined() && q.device().is_cpu() && !q.is_sparse() &&
-         (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+bool handles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask) {
+  auto cpu = [](const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && !t.is_sparse()); };
+  if (!q.defined() || !cpu(q) || !cpu(k) || !cpu(v) || !cpu(key_mask)) return false;
+  if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) return false;
+  return q.dim() != 4 || (q.size(0) * q.size(1) >= 1 && q.size(2) >= 1);
 }
 
 namespace {
@@ -34,12 +34,17 @@ namespace {
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// The fast path takes a call only when every tensor is on the CPU (and q is
-// float32/float64); anything else goes to the reference path, which raises
-// ATen's usual errors for mixed devices.
-bool cpu_only(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
-  auto cpu = [](const at::Tensor& t) { return !t.defined() || (t.device().is_cpu() && !t.is_sparse()); };
-  return handles(q) && k.defined() && cpu(k) && cpu(v) && cpu(mask);
+// The kernels' inputs (handles()), refused in one sentence otherwise.
+void require_handled(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask) {
+  if (handles(q, k, v, mask)) return;
+  auto where = [](const at::Tensor& t) {
+    return t.defined() ? asap::str(t.device(), " ", t.scalar_type(), " ", t.sizes()) : std::string("undefined");
+  };
+  throw Error(asap::str("asap::fast::", fn,
+                  " takes CPU float32/float64 tensors with at least one head and one token (asap::run_teacher "
+                  "and asap::run_layer take the others), found q ",
+                  where(q), ", k ", where(k), ", v ", where(v), ", key_mask ", where(mask)));
 }
 
 // The key mask as a contiguous bool [B, n] (undefined = none), with the
@@ -364,7 +369,8 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
 at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask, double scale, int T,
                           const Convention& c, const at::Tensor& phi_hat, const std::vector<int>& kc,
                           const Tuning& tuning) {
-  ASAP_CHECK(handles(q) && k.defined() && k.device().is_cpu(), "closure_errors: q, k must be CPU float32/float64");
+  ASAP_CHECK(k.defined(), "closure_errors: k is undefined");
+  require_handled("closure_errors", q, k, at::Tensor(), key_mask);
   check_qk(q, k);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
   ASAP_CHECK(phi_hat.dim() == 4 && static_cast<int64_t>(kc.size()) == phi_hat.size(0),
@@ -392,7 +398,8 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning,
                       bool want_duals) {
-  if (!cpu_only(q, k, v, key_mask)) return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
+  ASAP_CHECK(k.defined(), "teacher: k is undefined");
+  require_handled("teacher", q, k, v, key_mask);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
   check_qk(q, k);
   ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
@@ -401,7 +408,6 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     ASAP_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == n,
                "teacher: v must be [", B, ", ", H, ", ", n, ", dv], found ", v.sizes());
   auto mask = checked_mask(key_mask, B, n);
-  if (n == 0 || B * H == 0) return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
@@ -412,14 +418,11 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 
 LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& key_mask, int closures, bool want_attention, const Tuning& tuning) {
-  auto reference = [&] {
-    RunOptions o;
-    o.closures = closures;
-    o.return_attention = want_attention;
-    return run_layer_reference(L, q, k, v, key_mask, o);
-  };
-  if (!cpu_only(q, k, v, key_mask)) return reference();
   const LayerSpec& s = L.spec;
+  ASAP_CHECK(L.kind == OperatorKind::kAsap, "layer '", s.name, "' runs ", L.describe(),
+             ": asap::fast::asap_layer runs compiled ASAP maps only (asap::run_layer runs every kind)");
+  ASAP_CHECK(k.defined() && v.defined(), "layer '", s.name, "': k and v must be defined");
+  require_handled("asap_layer", q, k, v, key_mask);
   asap::detail::check_layer_inputs(L, q, k, v);
   const int k_closures = closures > 0 ? closures : L.default_closures;
   ASAP_CHECK(k_closures >= 1, "number of closures must be at least 1, found ", k_closures);
@@ -433,7 +436,6 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   }
   const int64_t B = q.size(0), n = q.size(2);
   auto mask = checked_mask(key_mask, B, n);
-  if (n == 0 || B * q.size(1) == 0) return reference();
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.to(q.scalar_type()).contiguous();
@@ -446,10 +448,8 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Te
                           bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family,
                           double scale, double eps, const Tuning& tuning) {
   ASAP_CHECK(family.num_columns() >= 1, "feature family has no columns");
-  if (!cpu_only(q, k, at::Tensor(), key_mask)) {
-    auto m = log_marginals(key_mask, q.size(0), q.size(2), drop_padded_queries, q.scalar_type(), q.device());
-    return asap::build_features(q, k, m, theta, family, scale, eps);
-  }
+  ASAP_CHECK(k.defined(), "features: k is undefined");
+  require_handled("build_features", q, k, at::Tensor(), key_mask);
   check_qk(q, k);
   if (family.slices > 0) {
     ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1),

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "math/potential.h"
+#include "util/potential.h"
 
 namespace asap {
 namespace fast {

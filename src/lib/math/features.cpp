@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "asap/error.h"
-#include "math/potential.h"
+#include "util/potential.h"
 
 namespace asap {
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "asap/error.h"
+#include "asap/features.h"
 
 namespace asap {
 
@@ -46,6 +47,37 @@ ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const a
   auto A = plan_attention(S, r.f, r.g, c);
   if (v.defined()) r.O = at::matmul(A, v);
   if (want_attention) r.A = A;
+  return r;
+}
+
+LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
+  const LayerSpec& s = L.spec;
+  detail::check_layer_inputs(L, q, k, v);
+  if (L.kind != OperatorKind::kAsap) {
+    // The zero-parameter kinds: the teacher's loop with T' (sinkhorn) or T (teacher) half-steps.
+    const int steps = detail::loop_kind_steps(L, opt);
+    auto t = run_teacher_reference(q, k, v.to(q.scalar_type()), key_mask, s.score_scale, steps, convention_of(s),
+                                   opt.return_attention);
+    LayerOutput r;
+    r.out = t.O;
+    r.attention = t.A;
+    return r;
+  }
+  ASAP_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "layer '", s.name,
+             "': q, k, v must be float32 or float64, found ", q.scalar_type());
+  const int closures = opt.closures > 0 ? opt.closures : L.default_closures;
+  const Convention c = convention_of(s);
+  const int64_t B = q.size(0), n = q.size(2);
+  auto m = log_marginals(key_mask, B, n, c.drop_padded_queries, q.scalar_type(), q.device());
+  auto S = scores(q, k, s.score_scale);
+  auto Psi = build_features(q, k, m, L.theta, L.family, s.score_scale, s.eps, S);
+  LayerOutput r;
+  r.phi_hat = predict_phi(Psi, L.coef);
+  auto f_hat = dual_from_phi(r.phi_hat, cost_alpha(q, s.score_scale), m);
+  auto res = run_closures(S, f_hat, v.to(q.scalar_type()), m, c, closures, opt.return_attention);
+  r.out = res.O;
+  r.attention = res.A;
   return r;
 }
 

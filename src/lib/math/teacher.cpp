@@ -9,7 +9,6 @@
 #include <limits>
 
 #include "asap/error.h"
-#include "asap/fast.h"
 
 namespace asap {
 
@@ -112,20 +111,6 @@ TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, co
     r.phi_bar_star = center_rows(f_star + cost_alpha(q, scale), m, -kInf);
   }
   return r;
-}
-
-TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention, bool want_duals) {
-  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
-    // Half precision in, half precision out: computed in float32 (issue 16, item 7).
-    auto r = fast::teacher(q.to(at::kFloat), k.to(at::kFloat), v.defined() ? v.to(at::kFloat) : v, key_mask, scale, T,
-                           c, want_attention, {}, want_duals);
-    for (at::Tensor* t : {&r.A, &r.O, &r.f, &r.g, &r.f_star, &r.phi_bar_star})
-      if (t->defined()) *t = t->to(q.scalar_type());
-    return r;
-  }
-  return fast::teacher(q, k, v, key_mask, scale, T, c, want_attention, {}, want_duals);  // hands other devices to the reference
 }
 
 }  // namespace asap

@@ -1,0 +1,110 @@
+// The one place that chooses between the fused CPU kernels (asap/fast.h)
+// and the ATen reference (asap/teacher.h, asap/operator.h) for the public
+// entry points run_teacher and run_layer (docs/performance.md, "Layering").
+// Neither path knows the other or this file.
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "asap/error.h"
+#include "asap/fast.h"
+#include "asap/operator.h"
+#include "asap/runtime.h"
+#include "asap/teacher.h"
+
+namespace asap {
+
+namespace {
+
+bool half_precision(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor widened(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
+
+// Whether every value of a tensor is finite: x * 0 is 0 for finite x and NaN
+// otherwise; eight independent sums let the loop vectorise.
+template <class T>
+bool all_finite_raw(const T* p, int64_t n) {
+  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j] * T(0);
+  for (; i < n; ++i) acc[0] += p[i] * T(0);
+  T s = 0;
+  for (T a : acc) s += a;
+  return s == T(0);
+}
+
+bool all_finite(const at::Tensor& t) {
+  if (t.is_contiguous() && t.device().is_cpu()) {
+    if (t.scalar_type() == at::kFloat) return all_finite_raw(t.data_ptr<float>(), t.numel());
+    if (t.scalar_type() == at::kDouble) return all_finite_raw(t.data_ptr<double>(), t.numel());
+  }
+  return t.isfinite().all().item<bool>();
+}
+
+// NaN in, NaN out (issue 16, item 5; docs/decisions.md): a head whose q, k or
+// v holds a NaN or an infinity returns NaN for its whole output, attention
+// and predicted dual, as Sinkhorn attention written in PyTorch does (one
+// non-finite score spreads through the column normalisations). Checked in
+// one pass over the inputs; heads are located only when something is wrong.
+void propagate_nonfinite(LayerOutput& r, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (all_finite(q) && all_finite(k) && all_finite(v)) return;
+  auto finite = [](const at::Tensor& t) { return t.isfinite().all(-1).all(-1); };  // [B, H]
+  auto bad = finite(q).logical_and(finite(k)).logical_and(finite(v)).logical_not();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (r.out.defined()) r.out = r.out.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
+  if (r.attention.defined()) r.attention = r.attention.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
+  if (r.phi_hat.defined()) r.phi_hat = r.phi_hat.masked_fill(bad.unsqueeze(-1), nan);
+}
+
+// The fused path for one layer: the teacher's loop as deployed (outputs
+// only) for the zero-parameter kinds, the compiled operator otherwise.
+LayerOutput run_layer_fast(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_mask, const RunOptions& opt) {
+  if (L.kind == OperatorKind::kAsap)
+    return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);
+  detail::check_layer_inputs(L, q, k, v);
+  const int steps = detail::loop_kind_steps(L, opt);
+  auto t = fast::teacher(q, k, v.to(q.scalar_type()), key_mask, L.spec.score_scale, steps, convention_of(L.spec),
+                         opt.return_attention, {}, /*want_duals=*/false);
+  LayerOutput r;
+  r.out = t.O;
+  r.attention = t.A;
+  return r;
+}
+
+}  // namespace
+
+TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                          bool want_attention, bool want_duals) {
+  if (half_precision(q)) {
+    // Half precision in, half precision out: computed in float32 (issue 16, item 7).
+    auto r = run_teacher(widened(q), widened(k), widened(v), key_mask, scale, T, c, want_attention, want_duals);
+    for (at::Tensor* t : {&r.A, &r.O, &r.f, &r.g, &r.f_star, &r.phi_bar_star})
+      if (t->defined()) *t = t->to(q.scalar_type());
+    return r;
+  }
+  if (fast::handles(q, k, v, key_mask))
+    return fast::teacher(q, k, v, key_mask, scale, T, c, want_attention, {}, want_duals);
+  return run_teacher_reference(q, k, v, key_mask, scale, T, c, want_attention);
+}
+
+LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& key_mask, const RunOptions& opt) {
+  if (half_precision(q)) {
+    // Half precision in, half precision out: computed in float32 (issue 16, item 7).
+    auto r = run_layer(L, widened(q), widened(k), widened(v), key_mask, opt);
+    for (at::Tensor* t : {&r.out, &r.attention, &r.phi_hat})
+      if (t->defined()) *t = t->to(q.scalar_type());
+    return r;
+  }
+  LayerOutput r = fast::handles(q, k, v, key_mask) ? run_layer_fast(L, q, k, v, key_mask, opt)
+                                                    : run_layer_reference(L, q, k, v, key_mask, opt);
+  propagate_nonfinite(r, q, k, v);
+  return r;
+}
+
+}  // namespace asap
