@@ -133,6 +133,37 @@ void sink(const at::Tensor& t) {
   if (t.defined() && t.numel()) g_sink = t.data_ptr<float>()[0];
 }
 
+// The FLOP/exponential bound of an operator on this machine (issue 14, item
+// 3): its multiply-add flops at the measured FMA peak plus its
+// exponentials at the measured exp peak (fast::measure_peak, all threads).
+// Per head: the score and plan*V GEMMs, 2 n^2 (d + dv) flops; one exp per
+// score entry per closure (the last closure's exponentials are the plan's);
+// the ASAP families add the slice projections (4 n d L flops) and their
+// feature passes (softmax dual: one closure; f^3: three). Sorting, maxima,
+// sums and memory traffic are not in it, so it is a bound no operator
+// reaches. 0 for operators it does not model.
+double bound_s(const Op& op, int64_t n, int64_t BH, int64_t d, int64_t slices, const asap::fast::MachinePeak& pk) {
+  if (pk.flops_per_s <= 0 || pk.exps_per_s <= 0) return 0;
+  const double n2 = static_cast<double>(n) * static_cast<double>(n);
+  double flops = 2.0 * n2 * (2.0 * static_cast<double>(d)), exps = 0;
+  if (op.name == "teacher_fast" || op.name == "sinkhorn") {
+    exps = op.param * n2;
+  } else if (op.name == "asap" || op.name == "asap_sm" || op.name == "asap_s3") {
+    const int feature_passes = op.name == "asap_s3" ? 3 : op.name == "asap_sm" ? 1 : 0;
+    flops += 4.0 * static_cast<double>(n) * static_cast<double>(d) * static_cast<double>(slices);
+    exps = (op.param + feature_passes) * n2;
+  } else {
+    return 0;
+  }
+  return static_cast<double>(BH) * (flops / pk.flops_per_s + exps / pk.exps_per_s);
+}
+
+std::string fmt(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, x >= 100 ? "%.0f" : x >= 1 ? "%.2f" : "%.4f", x);
+  return b;
+}
+
 // The core OpenBLAS selected at load time ("" when LibTorch uses another BLAS).
 std::string blas_core() {
   using F = char* (*)();
@@ -466,6 +497,12 @@ int main(int argc, char** argv) try {
                     {"aten_threads", at::get_num_threads()},
                     {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                     {"torch_parallel", at::get_parallel_info().substr(0, 200)}};
+  // The machine's peak, for the bound of every fused operator (bound_s).
+  const asap::fast::MachinePeak peak = asap::fast::measure_peak();
+  out["machine"]["peak"] = {{"flops_per_s", peak.flops_per_s}, {"exps_per_s", peak.exps_per_s},
+                            {"threads", peak.threads}, {"isa", peak.isa}};
+  std::fprintf(stderr, "peak on %d threads (%s): %.1f GFLOP/s multiply-add, %.2f G exp/s\n", peak.threads,
+               peak.isa.c_str(), peak.flops_per_s * 1e-9, peak.exps_per_s * 1e-9);
   out["settings"] = {{"n", s.ns},     {"d", s.d},         {"T", s.Ts},
                      {"k", s.ks},     {"reps", s.reps},   {"slices", s.slices},
                      {"ref_max_n", s.ref_max_n}, {"memory", s.mem}, {"quick", quick},
@@ -537,9 +574,13 @@ int main(int argc, char** argv) try {
                   {"cpu_median_s", median(cpu[i])},
                   {"times_s", times[i]}};
         if (s.mem) r["peak_extra_bytes"] = measure_memory(s, ops[i], n, B, H);
-        std::fprintf(stderr, "n=%5lld BxH=%lldx%lld %-16s median %10.4f ms%s\n", static_cast<long long>(n),
+        const double bound = bound_s(ops[i], n, B * H, s.d, s.slices, peak);
+        if (bound > 0) r["bound_s"] = bound, r["bound_ratio"] = median(times[i]) / bound;
+        std::fprintf(stderr, "n=%5lld BxH=%lldx%lld %-16s median %10.4f ms%s%s\n", static_cast<long long>(n),
                      static_cast<long long>(B), static_cast<long long>(H), ops[i].label().c_str(),
                      1e3 * median(times[i]),
+                     bound > 0 ? ("  " + fmt(median(times[i]) / bound) + "x bound " + fmt(1e3 * bound) + " ms").c_str()
+                               : "",
                      s.mem ? (" peak " + std::to_string(r["peak_extra_bytes"].get<int64_t>() >> 20) + " MiB").c_str()
                            : "");
         results.push_back(r);

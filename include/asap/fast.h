@@ -61,6 +61,22 @@ bool handles(const at::Tensor& q, const at::Tensor& k = {}, const at::Tensor& v 
 // path then still works, on one thread).
 bool parallel_build();
 
+// This machine's measured peak for the two kinds of work the fused operators
+// are made of, on the threads of at::get_num_threads() all busy at once:
+// vector multiply-adds (independent chains in registers; every GEMM flop is
+// one half of one) and the kernels' own vectorised exponential over an
+// L1-resident buffer. A lower bound on an operator's time is then
+// flops / flops_per_s + exps / exps_per_s (tools/bench.cpp, docs/performance.md).
+struct MachinePeak {
+  double flops_per_s = 0;  // all threads
+  double exps_per_s = 0;   // all threads
+  int threads = 0;
+  std::string isa;
+};
+// Best of `rounds` measurements of about 10 ms each; float64 measures the
+// double-precision kernels.
+MachinePeak measure_peak(bool float64 = false, int rounds = 5, const Tuning& tuning = {});
+
 // Same as asap::run_teacher_reference (all fields of TeacherResult; with
 // want_duals = false only O and A).
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,

@@ -16,6 +16,10 @@ namespace asap {
 namespace fast {
 namespace detail {
 
+// Independent multiply-add chains of peak_fma: enough to cover the FMA
+// latency on every instruction set (4 cycles x 2 ports here).
+constexpr int kPeakChains = 12;
+
 template <class T>
 struct KernelTable {
   const char* isa;  // "generic", "avx2", "avx512"
@@ -57,6 +61,10 @@ struct KernelTable {
   // out[r] = half_s * (sum_c x_c^2 in float64, rounded to T) for the rows
   // x = q + rows[r] * d (the cost offsets alpha of asap-math.md).
   void (*row_sqnorm)(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out);
+  // iters rounds of kPeakChains independent vector multiply-adds x = x * a + b
+  // (2 * kPeakChains * width flops a round), for measure_peak(); returns a
+  // sum of the chains so that the loop is kept.
+  T (*peak_fma)(int64_t iters, T seed);
 };
 
 struct Kernels {

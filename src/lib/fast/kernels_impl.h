@@ -33,12 +33,14 @@ template <>
 struct Vec<float> {
   typedef float V __attribute__((vector_size(ASAP_VBYTES)));
   typedef uint32_t U __attribute__((vector_size(ASAP_VBYTES)));
+  typedef uint32_t UE;  // U's element
   static constexpr int W = ASAP_VBYTES / 4;
 };
 template <>
 struct Vec<double> {
   typedef double V __attribute__((vector_size(ASAP_VBYTES)));
   typedef uint64_t U __attribute__((vector_size(ASAP_VBYTES)));
+  typedef uint64_t UE;  // U's element
   static constexpr int W = ASAP_VBYTES / 8;
 };
 
@@ -225,8 +227,57 @@ inline T hmax(typename Vec<T>::V v) {
 
 // ---------------------------------------------------------------- GEMMs ---
 
+// Transposes the W x W block held in r[0..W) (row t = r[t]) in place: for
+// every bit h of the lane index, the lanes whose row and column bits h differ
+// swap across the row pair (i, i | h). log2(W) rounds of two-source
+// shuffles (vpermt2ps with AVX-512).
+// Shuffle masks of transpose_block, built at compile time: round s (h = 2^s)
+// takes lane j of the new row i from row i ("lo", bit h of i clear) or row
+// i | h ("hi"); indices >= W pick from the second operand.
+template <class I, int W>
+struct TransposeMasks {
+  static constexpr int kRounds = W == 2 ? 1 : W == 4 ? 2 : W == 8 ? 3 : W == 16 ? 4 : 5;
+  I lo[kRounds][W] = {}, hi[kRounds][W] = {};
+  constexpr TransposeMasks() {
+    for (int s = 0; s < kRounds; ++s) {
+      const int h = 1 << s;
+      for (int j = 0; j < W; ++j) {
+        lo[s][j] = static_cast<I>((j & h) ? W + (j ^ h) : j);
+        hi[s][j] = static_cast<I>((j & h) ? W + j : (j ^ h));
+      }
+    }
+  }
+};
+
+// Transposes the W x W block held in r[0..W) (row t = r[t]) in place: for
+// every bit h of the lane index, the lanes whose row and column bits h differ
+// swap across the row pair (i, i | h). log2(W) rounds of two-source
+// shuffles (vpermt2ps with AVX-512).
+template <class T>
+inline void transpose_block(typename Vec<T>::V* r) {
+  using V = typename Vec<T>::V;
+  using U = typename Vec<T>::U;
+  constexpr int W = Vec<T>::W;
+  using I = typename Vec<T>::UE;
+  static constexpr TransposeMasks<I, W> kM{};
+  static_assert((1 << TransposeMasks<I, W>::kRounds) == W, "vector width must be a power of two up to 32");
+#pragma GCC unroll 8
+  for (int s = 0; s < TransposeMasks<I, W>::kRounds; ++s) {
+    const int h = 1 << s;
+    const U lo = load<U>(kM.lo[s]), hi = load<U>(kM.hi[s]);
+#pragma GCC unroll 32
+    for (int i = 0; i < W; ++i) {
+      if (i & h) continue;
+      const V a = r[i], b = r[i | h];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i | h] = __builtin_shuffle(a, b, hi);
+    }
+  }
+}
+
 template <class T>
 void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
+  using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W, NR = ASAP_NT_NV * W;
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
@@ -236,12 +287,23 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
     // to the next multiple of the vector width, the rest of a short last
     // panel is never read (a short sequence's panel is mostly padding).
     const int64_t wcols = std::min<int64_t>(NR, (cols + W - 1) / W * W);
-    // k outer, so that every store is contiguous (the reads stride by ldb
-    // within a panel that fits L1).
+    // W x W blocks transposed in registers (a quarter of a short head's
+    // packing time at n = 64 went to the scalar strided loop below), then
+    // the edges: k outer, so that every store is contiguous.
+    const int64_t kfull = K / W * W, cfull = cols / W * W;
+    for (int64_t k = 0; k < kfull; k += W)
+      for (int64_t jj = 0; jj < cfull; jj += W) {
+        V r[W];
+#pragma GCC unroll 32
+        for (int t = 0; t < W; ++t) r[t] = load<V>(B + (j0 + jj + t) * ldb + k);
+        transpose_block<T>(r);
+#pragma GCC unroll 32
+        for (int t = 0; t < W; ++t) store(o + (k + t) * NR + jj, r[t] * alpha);
+      }
     for (int64_t k = 0; k < K; ++k) {
       T* ok = o + k * NR;
       const T* bk = B + j0 * ldb + k;
-      for (int64_t jj = 0; jj < cols; ++jj) ok[jj] = alpha * bk[jj * ldb];
+      for (int64_t jj = k < kfull ? cfull : 0; jj < cols; ++jj) ok[jj] = alpha * bk[jj * ldb];
       for (int64_t jj = cols; jj < wcols; ++jj) ok[jj] = T(0);
     }
   }
@@ -647,6 +709,24 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
 }
 
 template <class T>
+T peak_fma(int64_t iters, T seed) {
+  using V = typename Vec<T>::V;
+  constexpr int C = detail::kPeakChains;
+  V x[C];
+  const V a = V{} + T(0.999999), b = V{} + T(1e-7);
+  for (int c = 0; c < C; ++c) x[c] = V{} + (seed + T(c));
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < C; ++c) x[c] = x[c] * a + b;
+  V acc = x[0];
+  for (int c = 1; c < C; ++c) acc += x[c];
+  T out[Vec<T>::W];
+  store(out, acc);
+  T sum = 0;
+  for (int w = 0; w < Vec<T>::W; ++w) sum += out[w];
+  return sum;
+}
+
+template <class T>
 constexpr detail::KernelTable<T> make_table() {
   return detail::KernelTable<T>{ASAP_ISA_NAME,
                                 ASAP_NT_MR,
@@ -662,7 +742,8 @@ constexpr detail::KernelTable<T> make_table() {
                                 &plan<T>,
                                 &vexp<T>,
                                 &add_log_t<T>,
-                                &row_sqnorm<T>};
+                                &row_sqnorm<T>,
+                                &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
