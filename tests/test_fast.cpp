@@ -101,6 +101,39 @@ TEST_CASE("fast: exponential kernels are accurate on every instruction set") {
   }
 }
 
+TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_peak reports rates") {
+  // peak_fma(iters, seed): kPeakChains chains x width lanes of x = x * a + b,
+  // chain c starting at seed + c; the result is the sum over chains and lanes.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    const int64_t iters = 1000;
+    auto expect = [&](double seed, double a, double b, int width) {
+      double sum = 0;
+      for (int c = 0; c < asap::fast::detail::kPeakChains; ++c) {
+        double x = seed + c;
+        for (int64_t i = 0; i < iters; ++i) x = x * a + b;
+        sum += width * x;
+      }
+      return sum;
+    };
+    const double e64 = expect(0.5, 0.999999, 1e-7, K.f64.width);
+    CHECK(std::abs(K.f64.peak_fma(iters, 0.5) - e64) < 1e-9 * std::abs(e64));
+    const double e32 = expect(0.5, static_cast<double>(0.999999f), static_cast<double>(1e-7f), K.f32.width);
+    CHECK(std::abs(K.f32.peak_fma(iters, 0.5f) - e32) < 1e-3 * std::abs(e32));  // float rounding over 1000 steps
+    const auto pk = asap::fast::measure_peak(false, 1, t);
+    CHECK(pk.isa == isa);
+    CHECK(pk.threads == at::get_num_threads());
+    CHECK(std::isfinite(pk.flops_per_s));
+    CHECK(pk.flops_per_s > 1e8);  // any CPU that runs this does 0.1 GFLOP/s
+    CHECK(std::isfinite(pk.exps_per_s));
+    CHECK(pk.exps_per_s > 1e6);
+  }
+  CHECK_THROWS_AS(asap::fast::measure_peak(false, 0), asap::Error);
+}
+
 TEST_CASE("fast: the vectorised log of row and column sums is accurate on every instruction set") {
   // Sums lie in [1, n]; zero, subnormal, inf and NaN lanes take libm's log.
   auto z = at::exp(at::linspace(0.0, 20.0, 20001, at::kDouble)).to(at::kFloat).contiguous();

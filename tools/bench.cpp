@@ -59,7 +59,7 @@ namespace {
 using json = nlohmann::json;
 
 struct Settings {
-  std::vector<int64_t> ns{128, 256, 512, 1024, 2048, 4096};
+  std::vector<int64_t> ns{64, 128, 256, 512, 1024, 2048, 4096};
   std::vector<std::pair<int64_t, int64_t>> bh{{1, 4}, {4, 4}};
   std::vector<int> Ts{6, 10, 20};
   std::vector<int> ks{1, 2, 3, 4, 5};

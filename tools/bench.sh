@@ -16,6 +16,15 @@
 # ratios (target: features / one pass <= 1.0); raw results to $OUT.n50 and
 # $OUT.n1024 when OUT is set.
 #
+#   tools/bench.sh --bound [asap_bench options...]
+#
+# --bound: short sequences against the FLOP/exp bound (issue 14, item 3),
+# nothing rendered: the fused teacher T = 6, Sinkhorn T' = 1 and 4 and the
+# default ASAP family at n = 64, B x H = 16 x 1, d = 64 (64 slices) and at
+# the bundled ViT's n = 17, B x H = 16 x 4, d = 16 (16 slices), once with
+# OpenMP's ACTIVE and once with its PASSIVE wait policy. Prints each time
+# with "Nx bound" (target: the teacher at n = 64 within 2x).
+#
 #   tools/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
 # --exact times only the exact fused teacher from Python: a Sinkformer
@@ -48,6 +57,18 @@ fi
 if [ -z "$BENCH" ]; then
   echo "bench.sh: no asap_bench found; build it (target asap_bench) or set ASAP_BENCH" >&2
   exit 1
+fi
+if [ "${1:-}" = "--bound" ]; then
+  shift
+  echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  for policy in active passive; do
+    echo "OMP_WAIT_POLICY=$policy"
+    "$BENCH" --wait-policy $policy --n 64 --bh 16x1 --d 64 --T 6 --k 1,4 --slices 64 \
+      --only teacher_fast,sinkhorn,asap_s3_1 --reps 201 --no-mem --json /dev/null "$@" 2>&1 | grep '^n=\|^peak'
+    "$BENCH" --wait-policy $policy --n 17 --bh 16x4 --d 16 --T 6 --k 1,4 --slices 16 \
+      --only teacher_fast,sinkhorn,asap_s3_1 --reps 201 --no-mem --json /dev/null "$@" 2>&1 | grep '^n=\|^peak'
+  done
+  exit 0
 fi
 if [ "${1:-}" = "--features" ]; then
   shift

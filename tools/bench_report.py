@@ -148,6 +148,12 @@ def targets(R):
         if worst is not None:
             out.append(("%s ASAP-0 (k=1) ≤ 1.5× LibTorch softmax attention, n ≥ 512 (worst)" % label(fam, 0).split(",")[0],
                         fmt_ratio(worst) + " (" + where + ")", worst <= 1.5))
+    # 6. issue 14, item 3: the fused T = 6 teacher at n = 64, B*H = 16
+    # within 2x of its FLOP/exp bound (asap_bench's bound_s).
+    r = R.idx.get(("teacher_fast", 6, 64, 16))
+    if r and r.get("bound_ratio"):
+        out.append(("fast teacher T=6 within 2× of its FLOP/exp bound, n=64, B·H=16",
+                    "%.2f× (bound %.3f ms)" % (r["bound_ratio"], 1e3 * r["bound_s"]), r["bound_ratio"] <= 2.0))
     # 5. peak extra memory at n = 4096, B*H = 16.
     for fam in ("asap", "asap_s3"):
         m = R.mem(fam, 3, 4096, 16)
@@ -276,6 +282,13 @@ def render(data, svg_rel):
                   m.get("openblas_core") or "n/a",
                   (" forced with OPENBLAS_CORETYPE=" + m["openblas_coretype_env"]) if m.get("openblas_coretype_env") else "",
                   m.get("load_before"), m.get("load_after"), s.get("d"), s.get("slices"), s.get("reps")))
+    if m.get("omp_wait_policy"):
+        out.append("OpenMP wait policy: %s." % m["omp_wait_policy"])
+    pk = m.get("peak")
+    if pk:
+        out.append("Measured peak on %d threads (%s): %.0f GFLOP/s in multiply-adds, %.1f G exponentials/s "
+                   "(`fast::measure_peak`); an operator's bound is its GEMM flops and exponentials at these rates."
+                   % (pk["threads"], pk["isa"], pk["flops_per_s"] * 1e-9, pk["exps_per_s"] * 1e-9))
     if not m.get("parallel_build", True):
         out.append("\n**Warning: this build ran at::parallel_for serially (library compiled without OpenMP).**")
     out.append("\n### Targets\n")

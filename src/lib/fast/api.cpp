@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -307,9 +308,10 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fs.needs_scores());
     const int64_t nR = eng.rows();
-    std::vector<T> alpha(nR), psi(P * nR);
-    query_alpha(kt, qh, a, d, scale, alpha.data());
-    eng.features(fs, eps, alpha.data(), psi.data());
+    T* alpha = scratch<T>(0, nR);
+    T* psi = scratch<T>(1, P * nR);
+    query_alpha(kt, qh, a, d, scale, alpha);
+    eng.features(fs, eps, alpha, psi);
     T* o = out + bh * n * P;
     for (int64_t r = 0; r < nR; ++r)
       for (int64_t p = 0; p < P; ++p) o[a.rows[r] * P + p] = psi[p * nR + r];
@@ -336,27 +338,32 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps);
     const int64_t nR = eng.rows(), nJ = eng.keys();
-    std::vector<T> alpha(nR), fs(nR), gs(nJ, T(0)), f(nR), g(nJ);
-    query_alpha(kt, qh, a, d, scale, alpha.data());
+    T* alpha = scratch<T>(0, nR);
+    T* fs = scratch<T>(1, nR);
+    T* gs = scratch<T>(2, nJ);
+    T* f = scratch<T>(3, nR);
+    T* g = scratch<T>(4, nJ);
+    std::fill(gs, gs + nJ, T(0));
+    query_alpha(kt, qh, a, d, scale, alpha);
     // The teacher's duals after T passes from g' = 0 (no final fused pass: the tile stays intact).
     for (int t = 1; t <= T_budget; ++t) {
       if (t % 2 == 1)
-        eng.row_pass(gs.data(), fs.data(), false, T(0), HeadOut<T>{});
+        eng.row_pass(gs, fs, false, T(0), HeadOut<T>{});
       else
-        eng.col_pass(fs.data(), gs.data(), false, T(0), HeadOut<T>{});
+        eng.col_pass(fs, gs, false, T(0), HeadOut<T>{});
     }
-    eng.cache_plan(fs.data(), gs.data());
+    eng.cache_plan(fs, gs);
     for (int64_t cand = 0; cand < C; ++cand) {
       const T* ph = pp + (cand * B * H + bh) * n;
       for (int64_t r = 0; r < nR; ++r)
         f[r] = static_cast<T>(static_cast<double>(ph[a.rows[r]] - alpha[r]) / eps);
       for (int t = 1; t <= kc[cand]; ++t) {
         if (t % 2 == 1)
-          eng.col_pass(f.data(), g.data(), false, T(0), HeadOut<T>{});
+          eng.col_pass(f, g, false, T(0), HeadOut<T>{});
         else
-          eng.row_pass(g.data(), f.data(), false, T(0), HeadOut<T>{});
+          eng.row_pass(g, f, false, T(0), HeadOut<T>{});
         double num, den;
-        eng.plan_distance(f.data(), g.data(), nullptr, nullptr, &num, &den);
+        eng.plan_distance(f, g, nullptr, nullptr, &num, &den);
         op[(cand * k_max + (t - 1)) * B * H + bh] = std::sqrt(num / den);
       }
     }
