@@ -61,12 +61,25 @@ fi
 if [ "${1:-}" = "--bound" ]; then
   shift
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  TMPJ=$(mktemp)
+  trap 'rm -f "$TMPJ"' EXIT
   for policy in active passive; do
     echo "OMP_WAIT_POLICY=$policy"
-    "$BENCH" --wait-policy $policy --n 64 --bh 16x1 --d 64 --T 6 --k 1,4 --slices 64 \
-      --only teacher_fast,sinkhorn,asap_s3_1 --reps 201 --no-mem --json /dev/null "$@" 2>&1 | grep '^n=\|^peak'
-    "$BENCH" --wait-policy $policy --n 17 --bh 16x4 --d 16 --T 6 --k 1,4 --slices 16 \
-      --only teacher_fast,sinkhorn,asap_s3_1 --reps 201 --no-mem --json /dev/null "$@" 2>&1 | grep '^n=\|^peak'
+    for shape in "--n 64 --bh 16x1 --d 64 --slices 64" "--n 17 --bh 16x4 --d 16 --slices 16"; do
+      # shellcheck disable=SC2086
+      "$BENCH" --wait-policy $policy $shape --T 6 --k 1,4 --only teacher_fast,sinkhorn,asap_s3_1 --reps 201 \
+        --no-mem --json "$TMPJ" "$@" 2>/dev/null
+      "$PY" - "$TMPJ" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["machine"]["peak"]
+print("  peak (larger of before/after): %.0f GFLOP/s, %.2f G exp/s" % (p["flops_per_s"] * 1e-9, p["exps_per_s"] * 1e-9))
+for r in d["results"]:
+    print("  n=%4d B*H=%3d d=%2d %-16s %8.4f ms  %5.2fx bound (%.4f ms)" % (
+        r["n"], r["B"] * r["H"], r["d"], "%s_%d" % (r["op"], r["param"]), 1e3 * r["median_s"],
+        r.get("bound_ratio", 0), 1e3 * r.get("bound_s", 0)))
+PYEOF
+    done
   done
   exit 0
 fi

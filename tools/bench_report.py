@@ -152,7 +152,7 @@ def targets(R):
     # within 2x of its FLOP/exp bound (asap_bench's bound_s).
     r = R.idx.get(("teacher_fast", 6, 64, 16))
     if r and r.get("bound_ratio"):
-        out.append(("fast teacher T=6 within 2× of its FLOP/exp bound, n=64, B·H=16",
+        out.append(("fast teacher T=6 within 2× of its FLOP/exp bound, n=64, B·H=16 (this run's OpenMP wait policy)",
                     "%.2f× (bound %.3f ms)" % (r["bound_ratio"], 1e3 * r["bound_s"]), r["bound_ratio"] <= 2.0))
     # 5. peak extra memory at n = 4096, B*H = 16.
     for fam in ("asap", "asap_s3"):
@@ -287,7 +287,8 @@ def render(data, svg_rel):
     pk = m.get("peak")
     if pk:
         out.append("Measured peak on %d threads (%s): %.0f GFLOP/s in multiply-adds, %.1f G exponentials/s "
-                   "(`fast::measure_peak`); an operator's bound is its GEMM flops and exponentials at these rates."
+                   "(`fast::measure_peak`, the larger of the measurements before and after the operators); "
+                   "an operator's bound is its GEMM flops and exponentials at these rates."
                    % (pk["threads"], pk["isa"], pk["flops_per_s"] * 1e-9, pk["exps_per_s"] * 1e-9))
     if not m.get("parallel_build", True):
         out.append("\n**Warning: this build ran at::parallel_for serially (library compiled without OpenMP).**")

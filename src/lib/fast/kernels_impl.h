@@ -461,9 +461,36 @@ void row_lse(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T*
     if (pending > 0) add_log(zbuf, lse + r_end - pending, pending);
     pending = 0;
   };
+  // Rows of 1-4 whole vectors (n = 16, 32, 48, 64 in float32 with AVX-512)
+  // are held in registers between the max and the exponential sweep.
+  const int nvr = nc % W == 0 && nc <= 4 * W ? static_cast<int>(nc / W) : 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (pending == kBlock) flush(r);
     const T* s = S + r * lds;
+    if (nvr > 0) {
+      V x[4];
+      V mx = splat<V>(neg_inf<T>());
+      for (int v = 0; v < nvr; ++v) {
+        x[v] = load<V>(s + v * W) + load<V>(add + v * W);
+        mx = vmax(mx, x[v]);
+      }
+      const T m = hmax<T>(mx);
+      if (m > neg_inf<T>()) {
+        const V mv = splat<V>(m);
+        V z0 = V{};
+        T* e = E ? E + r * lde : nullptr;
+        for (int v = 0; v < nvr; ++v) {
+          const V y = vexp_v(x[v] - mv);
+          if (e) store(e + v * W, y);
+          z0 += y;
+        }
+        const T zs = hsum<T>(z0);
+        lse[r] = m;
+        zbuf[pending++] = zs;
+        if (z) z[r] = zs;
+        continue;
+      }
+    }
     V m0 = splat<V>(neg_inf<T>()), m1 = m0, m2 = m0, m3 = m0;
     int64_t j = 0;
     for (; j + 4 * W <= nc; j += 4 * W) {
