@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -126,12 +127,101 @@ TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_pe
     const auto pk = asap::fast::measure_peak(false, 1, t);
     CHECK(pk.isa == isa);
     CHECK(pk.threads == at::get_num_threads());
+    // Rates only: their size depends on the machine and its load, so no
+    // threshold on them decides this test.
     CHECK(std::isfinite(pk.flops_per_s));
-    CHECK(pk.flops_per_s > 1e8);  // any CPU that runs this does 0.1 GFLOP/s
+    CHECK(pk.flops_per_s > 0);
     CHECK(std::isfinite(pk.exps_per_s));
-    CHECK(pk.exps_per_s > 1e6);
+    CHECK(pk.exps_per_s > 0);
   }
   CHECK_THROWS_AS(asap::fast::measure_peak(false, 0), asap::Error);
+}
+
+namespace {
+
+// The kernels' pack_b against its definition: panel p holds alpha * B[j][k]
+// at out[p * K * NR + k * NR + (j - p * NR)], zeros up to the next whole
+// vector after the last column, nothing read or written beyond.
+template <class T>
+void check_pack_b(const asap::fast::detail::KernelTable<T>& kt, int64_t N, int64_t K) {
+  const int64_t NR = kt.nt_nr, W = kt.width, ldb = K + 3;
+  const int64_t panels = (N + NR - 1) / NR;
+  std::vector<T> B(static_cast<size_t>(N * ldb));
+  for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * 3.0);
+  std::vector<T> out(static_cast<size_t>(panels * K * NR), std::numeric_limits<T>::quiet_NaN());
+  const T alpha = static_cast<T>(0.5);
+  kt.pack_b(N, K, B.data(), ldb, alpha, out.data());
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = std::min(NR, N - p * NR), wcols = std::min(NR, (cols + W - 1) / W * W);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t jj = 0; jj < wcols; ++jj) {
+        const T want = jj < cols ? alpha * B[static_cast<size_t>((p * NR + jj) * ldb + k)] : T(0);
+        const T got = out[static_cast<size_t>(p * K * NR + k * NR + jj)];
+        if (got != want) {
+          FAIL_CHECK("pack_b N=" << N << " K=" << K << " panel " << p << " k " << k << " col " << jj << ": " << got
+                                 << " != " << want);
+          return;
+        }
+      }
+  }
+}
+
+// row_lse against a float64 log-sum-exp: lse[r] = LSE_j(S[r,j] + add[j]);
+// with E also E[r,j] = exp(S + add - max_j(S[r,.] + add)) and z[r] = sum_j E[r,j]. S rows
+// are padded to whole panels, as the engine's tiles are.
+template <class T>
+void check_row_lse(const asap::fast::detail::KernelTable<T>& kt, int64_t rows, int64_t nc, bool some_neg_inf,
+                   double tol) {
+  const int64_t lds = (nc + kt.nt_nr - 1) / kt.nt_nr * kt.nt_nr;
+  std::vector<T> S(static_cast<size_t>(rows * lds), T(0)), add(static_cast<size_t>(nc));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < nc; ++j) S[r * lds + j] = static_cast<T>(4.0 * std::sin(1.3 * r + 0.71 * j));
+  for (int64_t j = 0; j < nc; ++j)
+    add[j] = some_neg_inf && j % 5 == 1 ? -std::numeric_limits<T>::infinity() : static_cast<T>(std::cos(0.9 * j));
+  std::vector<T> lse(rows), lse2(rows), z(rows), E(S.size());
+  kt.row_lse(rows, nc, S.data(), lds, add.data(), lse.data(), nullptr, 0, nullptr);
+  kt.row_lse(rows, nc, S.data(), lds, add.data(), lse2.data(), E.data(), lds, z.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -std::numeric_limits<double>::infinity(), sum = 0;
+    for (int64_t j = 0; j < nc; ++j) m = std::max(m, static_cast<double>(S[r * lds + j]) + add[j]);
+    for (int64_t j = 0; j < nc; ++j) sum += std::exp(static_cast<double>(S[r * lds + j]) + add[j] - m);
+    const double want = m + std::log(sum);
+    CAPTURE(nc);
+    CAPTURE(r);
+    CHECK(std::abs(static_cast<double>(lse[r]) - want) <= tol * std::max(1.0, std::abs(want)));
+    CHECK(std::abs(static_cast<double>(lse2[r]) - want) <= tol * std::max(1.0, std::abs(want)));
+    double esum = 0;
+    for (int64_t j = 0; j < nc; ++j) {
+      const double e = std::exp(static_cast<double>(S[r * lds + j]) + add[j] - m);
+      CHECK(std::abs(static_cast<double>(E[r * lds + j]) - e) <= tol * std::max(1e-30, e) + 1e-30);
+      esum += static_cast<double>(E[r * lds + j]);
+    }
+    CHECK(std::abs(esum - static_cast<double>(z[r])) <= tol * esum);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fast: pack_b and row_lse against their definitions on every instruction set") {
+  // Covers the register transposes of pack_b (whole W x W blocks and the
+  // scalar edges) and the register-held rows of row_lse (nc a multiple of
+  // the width up to four vectors) next to the general path.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {5, 3}, {8, 8}, {16, 16}, {17, 16}, {33, 20}, {64, 64}, {70, 37}, {130, 72}}) {
+      check_pack_b(K.f32, n, k);
+      check_pack_b(K.f64, n, k);
+    }
+    for (int64_t nc = 1; nc <= 70; ++nc) {
+      check_row_lse(K.f32, 3, nc, false, 2e-6);
+      check_row_lse(K.f64, 3, nc, false, 1e-13);
+      check_row_lse(K.f32, 2, nc, true, 2e-6);
+    }
+  }
 }
 
 TEST_CASE("fast: the vectorised log of row and column sums is accurate on every instruction set") {

@@ -136,7 +136,8 @@ void sink(const at::Tensor& t) {
 // The FLOP/exponential bound of an operator on this machine (issue 14, item
 // 3): its multiply-add flops at the measured FMA peak plus its
 // exponentials at the measured exp peak (fast::measure_peak, all threads).
-// Per head: the score and plan*V GEMMs, 2 n^2 (d + dv) flops; one exp per
+// Per head: the score and plan*V GEMMs, 2 n^2 (d + dv) flops (dv = d in
+// this benchmark); one exp per
 // score entry per closure (the last closure's exponentials are the plan's);
 // the ASAP families add the slice projections (4 n d L flops) and their
 // feature passes (softmax dual: one closure; f^3: three). Sorting, maxima,

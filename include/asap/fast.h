@@ -73,8 +73,9 @@ struct MachinePeak {
   int threads = 0;
   std::string isa;
 };
-// Best of `rounds` measurements of about 10 ms each; float64 measures the
-// double-precision kernels.
+// Best of `rounds` measurements of a few milliseconds each; float64
+// measures the double-precision kernels. Call it outside parallel regions
+// (inside one, at::parallel_for runs serially and the rates are too high).
 MachinePeak measure_peak(bool float64 = false, int rounds = 5, const Tuning& tuning = {});
 
 // Same as asap::run_teacher_reference (all fields of TeacherResult; with

@@ -396,7 +396,7 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
   auto qc = q.contiguous();
   auto kk = k.to(q.scalar_type()).contiguous();
   auto pc = phi_hat.to(at::kCPU, q.scalar_type()).contiguous();
-  if (n == 0 || B * H == 0 || pc.size(0) == 0) return at::zeros({pc.size(0), k_max, B, H}, at::kDouble);
+  if (pc.size(0) == 0) return at::zeros({0, k_max, B, H}, at::kDouble);  // no candidates (empty batches are refused above)
   if (q.scalar_type() == at::kFloat)
     return closure_errors_impl<float>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
   return closure_errors_impl<double>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
