@@ -455,21 +455,32 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, const asap::FeatureFamily& 
 }
 }  // namespace
 
-TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled and per-head)") {
-  at::manual_seed(41);
-  std::vector<asap::FeatureFamily> fams(4);
+namespace {
+// The fused ASAP call against run_layer_reference for one dtype: every
+// family below, n in {1, 2, 16, 17, 33, 64, 130}, with and without key
+// masks under both conventions, pooled or per head (alternating), k = 0 (the layer's
+// default) to 5 (both endings), every instruction set at every k and the
+// threading and tile strategies at k = 0, 1 and 5.
+void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
+  at::manual_seed(41 + seed_base);
+  // With slices, and slice-free (alpha, the softmax dual and the teacher's
+  // dual after three steps taken from the passes the call runs anyway).
+  std::vector<asap::FeatureFamily> fams(7);
   fams[0].slices = 12;
   fams[1].slices = 24, fams[1].alpha = true;
   fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
   fams[3].slices = 8, fams[3].alpha = true, fams[3].softmax_dual = true, fams[3].sinkhorn_dual3 = true;
-  int seed = 0;
-  for (auto dtype : {at::kDouble, at::kFloat}) {
-    for (int64_t n : {1, 5, 64, 150}) {
+  fams[4].alpha = true;
+  fams[5].alpha = true, fams[5].softmax_dual = true;
+  fams[6].alpha = true, fams[6].softmax_dual = true, fams[6].sinkhorn_dual3 = true;
+  int seed = seed_base;
+  {
+    for (int64_t n : {1, 2, 16, 17, 33, 64, 130}) {
       for (bool masked : {false, true}) {
         for (bool drop : {false, true}) {
           if (drop && !masked) continue;
           for (size_t fi = 0; fi < fams.size(); ++fi) {
-            for (bool per_head : {false, true}) {
+            for (bool per_head : {(fi + n + masked + drop) % 2 == 0}) {  // pooled and per head alternate over n
               const int64_t B = 2, H = 3, d = 8;
               const int T = (fi + per_head) % 2 == 0 ? 6 : 5;
               auto L = make_layer(H, d, fams[fi], per_head, drop, T, fi == 1 ? 0.6 : 1.0, !(fi == 2 && per_head));
@@ -480,8 +491,12 @@ TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled
                 asap::RunOptions o;
                 o.closures = kc;
                 o.return_attention = true;
+                o.return_phi = true;
+                o.return_features = true;
                 auto ref = asap::run_layer_reference(L, q, k, v, mask, o);
                 for (const auto& cfg : configs()) {
+                  const bool isa_only = cfg.name.find("/auto/1 thread") != std::string::npos;
+                  if (!isa_only && kc >= 2 && kc <= 4) continue;
                   CAPTURE(dtype);
                   CAPTURE(n);
                   CAPTURE(masked);
@@ -491,19 +506,65 @@ TEST_CASE("fast: compiled operator matches run_layer (k = 1..5, families, pooled
                   CAPTURE(kc);
                   CAPTURE(cfg.name);
                   Threads th(cfg.threads);
-                  auto r = asap::fast::asap_layer(L, q, k, v, mask, kc, true, cfg.tuning);
+                  auto r = asap::fast::asap_layer(L, q, k, v, mask, o, cfg.tuning);
                   const double tol = tol_of(dtype);
+                  // The fused call's own feature columns (its f1 and f3 come
+                  // from the passes it runs) against the reference's.
+                  CHECK_REL(r.features, ref.features, tol);
                   CHECK_REL(r.phi_hat, ref.phi_hat, tol);
                   CHECK_REL(r.out, ref.out, tol);
                   CHECK_REL(r.attention, ref.attention, tol);
                 }
               }
-              auto no_att = asap::fast::asap_layer(L, q, k, v, mask);
-              CHECK_FALSE(no_att.attention.defined());
+              // Nothing but the output unless asked for, and the same
+              // output (bit for bit; with the features asked for, the slice
+              // columns are centered and rounded before the dot product).
+              asap::RunOptions plain;
+              auto bare = asap::fast::asap_layer(L, q, k, v, mask, plain);
+              CHECK_FALSE(bare.attention.defined());
+              CHECK_FALSE(bare.phi_hat.defined());
+              CHECK_FALSE(bare.features.defined());
+              asap::RunOptions some;
+              some.return_attention = some.return_phi = true;
+              CHECK(at::equal(bare.out, asap::fast::asap_layer(L, q, k, v, mask, some).out));
+              some.return_features = true;
+              CHECK_REL(bare.out, asap::fast::asap_layer(L, q, k, v, mask, some).out, tol_of(dtype));
             }
           }
         }
       }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("fast: the fused ASAP call matches run_layer in float64") { check_fused_against_reference(at::kDouble, 0); }
+TEST_CASE("fast: the fused ASAP call matches run_layer in float32") { check_fused_against_reference(at::kFloat, 1000); }
+
+TEST_CASE("fast: the fused call's f1 and f3 columns are the separately computed features") {
+  // fast::build_features runs the softmax and sinkhorn3 columns through
+  // features(); the fused call takes them from the passes of its own map.
+  // Both must give the same columns (and so the same map) bit for bit in
+  // float64 on one thread: any other dual than the first row pass from
+  // g' = 0 (f1) or the row pass after one column pass (f3) shows here.
+  at::manual_seed(43);
+  asap::FeatureFamily fam;
+  fam.alpha = true, fam.softmax_dual = true, fam.sinkhorn_dual3 = true;
+  for (int64_t n : {2, 17, 50}) {
+    for (bool masked : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(masked);
+      const int64_t B = 2, H = 2, d = 8;
+      auto L = make_layer(H, d, fam, true, false, 6, 0.7, true);
+      auto q = at::randn({B, H, n, d}, at::kDouble), k = at::randn({B, H, n, d}, at::kDouble);
+      auto v = at::randn({B, H, n, d}, at::kDouble);
+      auto mask = masked ? make_mask(B, n, 3) : at::Tensor();
+      Threads th(1);
+      asap::RunOptions o;
+      o.return_features = true;
+      auto r = asap::fast::asap_layer(L, q, k, v, mask, o);
+      auto Psi = asap::fast::build_features(q, k, mask, false, L.theta, fam, L.spec.score_scale, L.spec.eps);
+      CHECK(at::equal(r.features, Psi));
     }
   }
 }
@@ -529,7 +590,7 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
   asap::RunOptions o;
   o.return_attention = true;
   auto lref = asap::run_layer_reference(L, q, k, v, at::Tensor(), o);
-  auto lr = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, true);
+  auto lr = asap::fast::asap_layer(L, q, k, v, at::Tensor(), o);
   CHECK_REL(lr.out, lref.out, 1e-5);
   CHECK_REL(lr.attention, lref.attention, 1e-5);
 }
@@ -551,7 +612,7 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
     // Built for 2 threads, then called with 3: each thread keeps its own scratch.
     for (int threads : {2, 3, 1, 3}) {
       Threads th(threads);
-      CHECK_REL(asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, false).out, ref.out, 1e-5);
+      CHECK_REL(asap::fast::asap_layer(L, q, k, v, at::Tensor()).out, ref.out, 1e-5);
       CHECK_REL(asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O, tref.O, 1e-5);
     }
     // Three callers at once, each with a 2-thread team on the within-head path.
@@ -562,7 +623,7 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
       callers.emplace_back([&, t] {
         at::set_num_threads(2);
         for (int r = 0; r < 2; ++r) {
-          outs[2 * t + r] = asap::fast::asap_layer(L, q, k, v, at::Tensor(), 0, false).out;
+          outs[2 * t + r] = asap::fast::asap_layer(L, q, k, v, at::Tensor()).out;
           touts[2 * t + r] = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O;
         }
       });
@@ -654,7 +715,7 @@ TEST_CASE("fast: the public entry points run the fast path on CPU and the refere
   asap::RunOptions o;
   o.return_attention = true;
   auto lpub = asap::run_layer(L, q, k, v, mask, o);
-  auto lfst = asap::fast::asap_layer(L, q, k, v, mask, 0, true);
+  auto lfst = asap::fast::asap_layer(L, q, k, v, mask, o);
   auto lref = asap::run_layer_reference(L, q, k, v, mask, o);
   CHECK(at::equal(lpub.out, lfst.out));
   CHECK_REL(lpub.out, lref.out, 1e-5);

@@ -295,6 +295,7 @@ TEST_CASE("sort network: the compiled operator with the network equals the refer
           auto mask = mk ? sparse_mask(B, n) : at::Tensor();
           asap::RunOptions o;
           o.closures = 2;
+          o.return_phi = true;
           auto ref = asap::run_layer_reference(L, q, k, v, mask, o);
           for (const auto& cfg : configs()) {
             CAPTURE(dtype);
@@ -304,7 +305,7 @@ TEST_CASE("sort network: the compiled operator with the network equals the refer
             CAPTURE(cfg.name);
             Threads th(cfg.threads);
             ForcePath f(fd::SortPath::kNetwork);
-            auto r = asap::fast::asap_layer(L, q, k, v, mask, 2, false, cfg.tuning);
+            auto r = asap::fast::asap_layer(L, q, k, v, mask, o, cfg.tuning);
             CHECK_REL(r.phi_hat, ref.phi_hat, tol_of(dtype));
             CHECK_REL(r.out, ref.out, tol_of(dtype));
           }

@@ -108,14 +108,15 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   L.spec.score_scale = 1.0 / std::sqrt(static_cast<double>(d));
   L.spec.eps = 1.0;
   L.spec.T = 6;
-  L.theta = asap::make_slice_bank(d, slices, seed);
+  // Slice-free families (slices = 0) keep a one-slice bank that no column uses.
+  L.theta = asap::make_slice_bank(d, std::max<int64_t>(slices, 1), seed);
   L.family.slices = slices;
   L.family.alpha = true;
   L.family.softmax_dual = softmax;
   L.family.sinkhorn_dual3 = sinkhorn3;
   L.per_head = true;
   at::manual_seed(seed + 7);
-  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.5 / static_cast<double>(slices));
+  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.5 / static_cast<double>(std::max<int64_t>(slices, 1)));
   L.default_closures = 3;
   return L;
 }
@@ -221,17 +222,19 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                      }});
   }
   for (int k : s.ks) {
+    asap::RunOptions ro;
+    ro.closures = k;
     ops.push_back({"sinkhorn", k, [k, c](const Inputs& in) {
                      sink(asap::fast::sinkhorn_normalizer(in.q, in.k, in.v, at::Tensor(), in.scale, k, c).O);
                    }});
-    ops.push_back({"asap", k, [k, layer](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer, in.q, in.k, in.v, at::Tensor(), k).out);
+    ops.push_back({"asap", k, [ro, layer](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer, in.q, in.k, in.v, at::Tensor(), ro).out);
                    }});
-    ops.push_back({"asap_sm", k, [k, layer_sm](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, at::Tensor(), k).out);
+    ops.push_back({"asap_sm", k, [ro, layer_sm](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, at::Tensor(), ro).out);
                    }});
-    ops.push_back({"asap_s3", k, [k, layer_s3](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), k).out);
+    ops.push_back({"asap_s3", k, [ro, layer_s3](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), ro).out);
                    }});
   }
   // Features only: the sliced potentials of fast::build_features for L

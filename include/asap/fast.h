@@ -93,12 +93,14 @@ inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& 
   return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning, /*want_duals=*/false);
 }
 
-// Same as asap::run_layer_reference(layer, q, k, v, key_mask, {closures,
-// want_attention}) for a layer of kind kAsap: closures = 0 uses the layer's
-// default.
+// Same as asap::run_layer_reference(layer, q, k, v, key_mask, opt) for a
+// layer of kind kAsap (opt.closures = 0 uses the layer's default), as one
+// fused call per head (docs/performance.md, "The fused ASAP call"): the
+// features come from the passes the Sinkhorn loop runs anyway, the map is a
+// dot product per row, then the closures; phi_hat, the features and the
+// attention matrix are returned only when opt asks for them.
 LayerOutput asap_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_mask, int closures = 0, bool want_attention = false,
-                       const Tuning& tuning = {});
+                       const at::Tensor& key_mask, const RunOptions& opt = {}, const Tuning& tuning = {});
 
 // Same as asap::build_features(q, k, log_marginals(key_mask, ...), theta,
 // family, scale, eps): the feature matrix Psi [B, H, n, P].

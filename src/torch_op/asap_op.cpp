@@ -152,7 +152,7 @@ at::Tensor mask_of(const c10::optional<at::Tensor>& key_mask) {
 
 asap::LayerOutput run(const char* op, int64_t handle, const std::string& layer, const at::Tensor& q,
                       const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
-                      int64_t closures, bool want_attention) {
+                      int64_t closures, bool want_attention, bool want_phi = false) {
   TORCH_CHECK_VALUE(closures >= 0, "asap::", op, ": closures must be >= 0 (0 = the layer's default), found ",
                     closures);
   auto model = Registry::get().model(handle);
@@ -161,6 +161,7 @@ asap::LayerOutput run(const char* op, int64_t handle, const std::string& layer, 
   asap::RunOptions opt;
   opt.closures = static_cast<int>(closures);
   opt.return_attention = want_attention;
+  opt.return_phi = want_phi;
   return guarded(op, [&] { return model->attend(layer, q, k, v, mask_of(key_mask), opt); });
 }
 
@@ -228,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_attend_full(int64_t handle, co
                                                               const at::Tensor& v,
                                                               const c10::optional<at::Tensor>& key_mask,
                                                               int64_t closures) {
-  auto r = run("attend_full", handle, layer, q, k, v, key_mask, closures, true);
+  auto r = run("attend_full", handle, layer, q, k, v, key_mask, closures, true, true);
   // The zero-parameter kinds (sinkhorn, teacher) predict no dual: an empty tensor.
   return {r.out, r.attention, r.phi_hat.defined() ? r.phi_hat : q.new_empty({0})};
 }

@@ -198,25 +198,40 @@ void check_qk(const at::Tensor& q, const at::Tensor& k) {
              "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ", k.sizes());
 }
 
-// sqrt(scale) * theta[:, :L]^T as [L, d] in T, rounded like the reference
-// (theta cast to T, then multiplied by sqrt(scale) in T).
+// The slice bank of a call in the two layouts the engine reads, rounded
+// like the reference (theta cast to T, then multiplied by sqrt(scale) in T):
+// rows [L, d] (scalar sorts) and transposed [d][round_up(L, kSortLanes)],
+// zero past L (lane-parallel networks). Built once per call, shared by
+// every head; read straight from a CPU float64 contiguous bank (what
+// artifacts hold), so no ATen operator runs.
 template <class T>
-std::vector<T> scaled_bank(const at::Tensor& theta, int64_t L, double scale) {
-  auto th = theta.slice(1, 0, L).to(at::kDouble).contiguous().cpu();
-  const int64_t d = th.size(0);
-  const double* p = th.data_ptr<double>();
-  const T s = static_cast<T>(std::sqrt(scale));
-  std::vector<T> out(L * d);
-  for (int64_t l = 0; l < L; ++l)
-    for (int64_t i = 0; i < d; ++i) out[l * d + i] = static_cast<T>(p[i * th.size(1) + l]) * s;
-  return out;
-}
+struct ScaledBank {
+  std::vector<T> rows, cols;
+  ScaledBank(const at::Tensor& theta, int64_t L, double scale) {
+    if (L <= 0) return;
+    at::Tensor th = theta;
+    if (!(th.device().is_cpu() && th.scalar_type() == at::kDouble && th.is_contiguous()))
+      th = theta.to(at::kCPU, at::kDouble).contiguous();
+    const int64_t d = th.size(0), stored = th.size(1), Lp = detail::round_up(L, detail::kSortLanes);
+    const double* p = th.data_ptr<double>();
+    const T s = static_cast<T>(std::sqrt(scale));
+    rows.resize(static_cast<size_t>(L * d));
+    cols.assign(static_cast<size_t>(d * Lp), T(0));
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t l = 0; l < L; ++l) {
+        const T v = static_cast<T>(p[i * stored + l]) * s;
+        rows[l * d + i] = v;
+        cols[i * Lp + l] = v;
+      }
+  }
+};
 
-// The engine's view of a feature family; bank from scaled_bank (kept alive by the caller).
+// The engine's view of a feature family; bank kept alive by the caller.
 template <class T>
-detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const std::vector<T>& bank) {
+detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const ScaledBank<T>& bank) {
   detail::FeatureSpec<T> fs;
-  fs.theta_s = bank.data();
+  fs.theta_s = bank.rows.empty() ? nullptr : bank.rows.data();
+  fs.theta_t = bank.cols.empty() ? nullptr : bank.cols.data();
   fs.L = fam.slices;
   fs.alpha = fam.alpha;
   fs.softmax = fam.softmax_dual;
@@ -224,9 +239,12 @@ detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const std::vector<
   return fs;
 }
 
+// One fused call of a compiled ASAP map (Engine::asap_map per head): no
+// [B, H, n, n] tensor, no feature tensor and no phi_hat unless asked for,
+// per-thread scratch only.
 template <class T>
 LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& mask, int closures, bool want_attention, const Tuning& tuning) {
+                       const at::Tensor& mask, int closures, const RunOptions& opt, const Tuning& tuning) {
   const LayerSpec& s = L.spec;
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
@@ -238,23 +256,26 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const int64_t P = fam.num_columns();
   ASAP_CHECK(L.coef.dim() == 2 && L.coef.size(1) == P && (L.coef.size(0) == 1 || L.coef.size(0) == H),
              "coefficients: expected [1, ", P, "] or [", H, ", ", P, "], found ", L.coef.sizes());
-  const std::vector<T> bank =
-      fam.slices > 0 ? scaled_bank<T>(L.theta, fam.slices, s.score_scale) : std::vector<T>();
+  const ScaledBank<T> bank(L.theta, fam.slices, s.score_scale);
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
-  auto coef = L.coef.to(at::kDouble).contiguous().cpu();
+  at::Tensor coef = L.coef;
+  if (!(coef.device().is_cpu() && coef.scalar_type() == at::kDouble && coef.is_contiguous()))
+    coef = coef.to(at::kCPU, at::kDouble).contiguous();
   const double* cp = coef.data_ptr<double>();
   const bool per_head = coef.size(0) == H && H > 1;
   auto opts = q.options();
   at::Tensor O = full ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
-  at::Tensor A;
-  if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
-  at::Tensor phi = full ? at::empty({B, H, n}, opts) : at::zeros({B, H, n}, opts);
+  at::Tensor A, phi, Psi;
+  if (opt.return_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
+  if (opt.return_phi) phi = full ? at::empty({B, H, n}, opts) : at::zeros({B, H, n}, opts);
+  if (opt.return_features) Psi = full ? at::empty({B, H, n, P}, opts) : at::zeros({B, H, n, P}, opts);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   T* Op = O.data_ptr<T>();
   T* Ap = A.defined() ? A.data_ptr<T>() : nullptr;
-  T* php = phi.data_ptr<T>();
+  T* php = phi.defined() ? phi.data_ptr<T>() : nullptr;
+  T* psp = Psi.defined() ? Psi.data_ptr<T>() : nullptr;
   const double eps = c.eps;
   const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
   const double scale = s.score_scale;
@@ -266,23 +287,27 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
     T* alpha = scratch<T>(0, nR);
     T* fh = scratch<T>(1, nR);
     T* gh = scratch<T>(2, nJ);
-    double* ph = scratch<double>(3, nR);
+    T* ph = php ? scratch<T>(3, nR) : nullptr;
+    T* ps = psp ? scratch<T>(4, P * nR) : nullptr;
     query_alpha(kt, qh, a, d, scale, alpha);
     const double* beta = cp + (per_head ? (bh % H) * P : 0);
-    eng.features(fs, eps, alpha, nullptr, beta, ph);
-    T* po = php + bh * n;
-    for (int64_t r = 0; r < nR; ++r) {
-      const T phr = static_cast<T>(ph[r]);
-      po[a.rows[r]] = phr;
-      fh[r] = static_cast<T>(static_cast<double>(phr - alpha[r]) / eps);
-    }
     HeadOut<T> out{Op + bh * n * dv, Ap ? Ap + bh * n * n : nullptr};
-    eng.closures(closures, log_mult, fh, gh, out);
+    eng.asap_map(fs, beta, eps, alpha, closures, log_mult, fh, gh, out, ph, ps);
+    if (ph) {
+      T* po = php + bh * n;
+      for (int64_t r = 0; r < nR; ++r) po[a.rows[r]] = ph[r];
+    }
+    if (ps) {
+      T* o = psp + bh * n * P;
+      for (int64_t r = 0; r < nR; ++r)
+        for (int64_t p = 0; p < P; ++p) o[a.rows[r] * P + p] = ps[p * nR + r];
+    }
   });
   LayerOutput r;
   r.out = O;
   r.attention = A;
   r.phi_hat = phi;
+  r.features = Psi;
   return r;
 }
 
@@ -295,7 +320,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, drop);
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   const int64_t P = fam.num_columns();
-  const std::vector<T> bank = fam.slices > 0 ? scaled_bank<T>(theta, fam.slices, scale) : std::vector<T>();
+  const ScaledBank<T> bank(theta, fam.slices, scale);
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   // Without a mask every row carries mass and is written below; zeroing a
   // large Psi would start a parallel region of its own (about 60 us at n = 50).
@@ -424,14 +449,16 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 }
 
 LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_mask, int closures, bool want_attention, const Tuning& tuning) {
+                       const at::Tensor& key_mask, const RunOptions& opt, const Tuning& tuning) {
   const LayerSpec& s = L.spec;
   ASAP_CHECK(L.kind == OperatorKind::kAsap, "layer '", s.name, "' runs ", L.describe(),
              ": asap::fast::asap_layer runs compiled ASAP maps only (asap::run_layer runs every kind)");
   ASAP_CHECK(k.defined() && v.defined(), "layer '", s.name, "': k and v must be defined");
   require_handled("asap_layer", q, k, v, key_mask);
   asap::detail::check_layer_inputs(L, q, k, v);
-  const int k_closures = closures > 0 ? closures : L.default_closures;
+  ASAP_CHECK(opt.closures >= 0, "number of closures must be at least 1 (0 = the layer's default), found ",
+             opt.closures);
+  const int k_closures = opt.closures > 0 ? opt.closures : L.default_closures;
   ASAP_CHECK(k_closures >= 1, "number of closures must be at least 1, found ", k_closures);
   ASAP_CHECK(s.eps > 0, "entropy eps must be positive, found ", s.eps);
   ASAP_CHECK(L.family.num_columns() >= 1, "feature family has no columns");
@@ -447,8 +474,8 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.to(q.scalar_type()).contiguous();
   if (q.scalar_type() == at::kFloat)
-    return layer_impl<float>(L, qc, kc, vc, mask, k_closures, want_attention, tuning);
-  return layer_impl<double>(L, qc, kc, vc, mask, k_closures, want_attention, tuning);
+    return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning);
+  return layer_impl<double>(L, qc, kc, vc, mask, k_closures, opt, tuning);
 }
 
 at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,

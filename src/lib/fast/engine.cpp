@@ -382,92 +382,112 @@ void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, 
   for (int64_t c = 0; c < nch; ++c) *num += nums[c], *den += dens[c];
 }
 
+// Centers column `col` over R and either stores it as psi column p
+// (rounded like the reference) or adds beta_p * col into the scratch's
+// accumulator and beta_p * mean into its shift: the centering commutes with
+// the sum, so no column is stored or re-read.
+namespace {
+template <class T, class S>
+inline void take_column(int64_t nR, const T* col, const double* beta, int64_t p, S& sc, T* psi) {
+  double sum = 0;
+  for (int64_t i = 0; i < nR; ++i) sum += static_cast<double>(col[i]);
+  const double mean = sum / static_cast<double>(nR);
+  if (beta) {
+    const double b = beta[p];
+    double* acc = sc.acc.data();
+    for (int64_t i = 0; i < nR; ++i) acc[i] += b * static_cast<double>(col[i]);
+    sc.shift += b * mean;
+  } else {
+    T* out = psi + p * nR;
+    for (int64_t i = 0; i < nR; ++i) out[i] = static_cast<T>(static_cast<double>(col[i]) - mean);
+  }
+}
+}  // namespace
+
 template <class T>
-void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta,
-                         double* phi) {
+void Engine<T>::slice_columns(const FeatureSpec<T>& fs, const double* beta, T* psi) {
   const Active& a = *act_;
   const int64_t NR = kt_.nt_nr;
-  // Column p either goes to psi (centered, rounded like the reference) or,
-  // with beta, straight into phi = sum_p beta_p (col_p - mean_p): the
-  // centering commutes with the sum, so no column is stored or re-read.
   if (beta) {
     for (auto& sc : scratch_) {
       sc.acc.assign(nR_, 0.0);
       sc.shift = 0;
     }
   }
-  auto take = [&](int64_t p, Scratch& sc, const T* col) {
-    double sum = 0;
-    for (int64_t i = 0; i < nR_; ++i) sum += static_cast<double>(col[i]);
-    const double mean = sum / static_cast<double>(nR_);
-    if (beta) {
-      const double b = beta[p];
-      double* acc = sc.acc.data();
-      for (int64_t i = 0; i < nR_; ++i) acc[i] += b * static_cast<double>(col[i]);
-      sc.shift += b * mean;
-    } else {
-      T* out = psi + p * nR_;
-      for (int64_t i = 0; i < nR_; ++i) out[i] = static_cast<T>(static_cast<double>(col[i]) - mean);
-    }
-  };
-  int64_t p = 0;
-  const SortPath sp = fs.L > 0 ? sort_path() : SortPath::kAuto;
-  if (fs.L > 0 && (sp == SortPath::kNetwork ||
-                   (sp == SortPath::kAuto && use_network(kt_.isa, sizeof(T) == 8, fs.L, nJ_)))) {
+  if (fs.L <= 0) return;
+  const SortPath sp = sort_path();
+  if (sp == SortPath::kNetwork || (sp == SortPath::kAuto && use_network(kt_.isa, sizeof(T) == 8, fs.L, nJ_))) {
     // One slice per SIMD lane, sorting networks (sort_network.h), where they
     // win (use_network: short sequences everywhere, long ones too with
     // float32 on AVX2/AVX-512); the scalar sorts of sort.h otherwise.
     slice_features_network(fs, beta, psi);
-    p = fs.L;
-  } else if (fs.L > 0) {
-    const int64_t L = fs.L, ldx = round_up(nR_, NR), ldy = round_up(nJ_, NR);
-    T* qp = qp_.get(ldx * d_);
-    T* kp1 = kp1_.get(ldy * d_);
-    T* X = X_.get(L * ldx);
-    T* Y = Y_.get(L * ldy);
-    kt_.pack_b(nR_, d_, qa_, d_, T(1), qp);
-    kt_.pack_b(nJ_, d_, ka_, d_, T(1), kp1);
-    kt_.gemm_nt(L, nR_, d_, fs.theta_s, d_, qp, X, ldx);
-    kt_.gemm_nt(L, nJ_, d_, fs.theta_s, d_, kp1, Y, ldy);
-    const int64_t m = nJ_;
-    const bool extra = !a.extra_rows.empty();
-    pfor(L, [&](int64_t l, int tid) {
-      Scratch& s = scratch_[tid];
-      const T* x = X + l * ldx;
-      const T* y = Y + l * ldy;
-      const int64_t* kir = a.key_in_rows.data();
-      s.xs.resize(m);
-      s.ys.resize(m);
-      s.col.resize(nR_);
-      const T* xk = x;
-      if (!a.all_keys) {  // the active keys' own projections, contiguous
-        s.xg.resize(m);
-        for (int64_t r = 0; r < m; ++r) s.xg[r] = x[kir[r]];
-        xk = s.xg.data();
-      }
-      sorted_with_order(m, xk, s.sort, s.ox, s.xs.data());
-      sorted_values<T>(m, y, s.sort, s.ys.data());
-      // u_(1) = 0, u_(r+1) = u_(r) + ys_(r) (xs_(r+1) - xs_(r)); phi_(r) = xs_(r)^2 / 2 - u_(r).
-      T* col = s.col.data();
-      const double* xs = s.xs.data();
-      const double* ys = s.ys.data();
-      const int32_t* ox = s.ox.data();
-      if (extra) s.u.resize(m);
-      double u = 0;
-      for (int64_t r = 0; r < m; ++r) {
-        if (extra) s.u[r] = u;
-        col[kir[ox[r]]] = static_cast<T>(0.5 * xs[r] * xs[r] - u);
-        if (r + 1 < m) u += ys[r] * (xs[r + 1] - xs[r]);
-      }
-      for (int64_t e : a.extra_rows)
-        col[e] = static_cast<T>(asap::detail::eval_potential(s.xs, s.ys, s.u, static_cast<double>(x[e])));
-      take(l, s, col);
-    });
-    p = L;
+    return;
   }
+  const int64_t L = fs.L, ldx = round_up(nR_, NR), ldy = round_up(nJ_, NR);
+  T* qp = qp_.get(ldx * d_);
+  T* kp1 = kp1_.get(ldy * d_);
+  T* X = X_.get(L * ldx);
+  T* Y = Y_.get(L * ldy);
+  kt_.pack_b(nR_, d_, qa_, d_, T(1), qp);
+  kt_.pack_b(nJ_, d_, ka_, d_, T(1), kp1);
+  kt_.gemm_nt(L, nR_, d_, fs.theta_s, d_, qp, X, ldx);
+  kt_.gemm_nt(L, nJ_, d_, fs.theta_s, d_, kp1, Y, ldy);
+  const int64_t m = nJ_;
+  const bool extra = !a.extra_rows.empty();
+  pfor(L, [&](int64_t l, int tid) {
+    Scratch& s = scratch_[tid];
+    const T* x = X + l * ldx;
+    const T* y = Y + l * ldy;
+    const int64_t* kir = a.key_in_rows.data();
+    s.xs.resize(m);
+    s.ys.resize(m);
+    s.col.resize(nR_);
+    const T* xk = x;
+    if (!a.all_keys) {  // the active keys' own projections, contiguous
+      s.xg.resize(m);
+      for (int64_t r = 0; r < m; ++r) s.xg[r] = x[kir[r]];
+      xk = s.xg.data();
+    }
+    sorted_with_order(m, xk, s.sort, s.ox, s.xs.data());
+    sorted_values<T>(m, y, s.sort, s.ys.data());
+    // u_(1) = 0, u_(r+1) = u_(r) + ys_(r) (xs_(r+1) - xs_(r)); phi_(r) = xs_(r)^2 / 2 - u_(r).
+    T* col = s.col.data();
+    const double* xs = s.xs.data();
+    const double* ys = s.ys.data();
+    const int32_t* ox = s.ox.data();
+    if (extra) s.u.resize(m);
+    double u = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      if (extra) s.u[r] = u;
+      col[kir[ox[r]]] = static_cast<T>(0.5 * xs[r] * xs[r] - u);
+      if (r + 1 < m) u += ys[r] * (xs[r + 1] - xs[r]);
+    }
+    for (int64_t e : a.extra_rows)
+      col[e] = static_cast<T>(asap::detail::eval_potential(s.xs, s.ys, s.u, static_cast<double>(x[e])));
+    take_column(nR_, col, beta, l, s, psi);
+  });
+}
+
+template <class T>
+double Engine<T>::gather_acc(double* out) {
+  double shift = 0;
+  for (int64_t i = 0; i < nR_; ++i) out[i] = 0;
+  for (auto& sc : scratch_) {
+    if (sc.acc.size() < static_cast<size_t>(nR_)) continue;  // never used by this head
+    for (int64_t i = 0; i < nR_; ++i) out[i] += sc.acc[i];
+    shift += sc.shift;
+  }
+  return shift;
+}
+
+template <class T>
+void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta,
+                         double* phi) {
+  slice_columns(fs, beta, psi);
+  int64_t p = fs.L;
   Scratch& s0 = scratch_[0];
   if (fs.alpha) {
-    take(p, s0, alpha);
+    take_column(nR_, alpha, beta, p, s0, psi);
     ++p;
   }
   if (fs.softmax || fs.sinkhorn3) {
@@ -482,7 +502,7 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
     const T e = static_cast<T>(eps);
     auto emit_column = [&](const T* f) {
       for (int64_t r = 0; r < nR_; ++r) col[r] = e * f[r] + alpha[r];
-      take(p, s0, col);
+      take_column(nR_, col, beta, p, s0, psi);
       ++p;
     };
     if (fs.softmax) emit_column(f1);
@@ -494,14 +514,104 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
     }
   }
   if (beta) {
-    double shift = 0;
-    for (int64_t i = 0; i < nR_; ++i) phi[i] = 0;
-    for (auto& sc : scratch_) {
-      for (int64_t i = 0; i < nR_; ++i) phi[i] += sc.acc[i];
-      shift += sc.shift;
-    }
+    const double shift = gather_acc(phi);
     for (int64_t i = 0; i < nR_; ++i) phi[i] -= shift;
   }
+}
+
+template <class T>
+void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k,
+                         T log_mult, T* f, T* g, const HeadOut<T>& out, T* phi, T* psi) {
+  // Slices: accumulated (beta_l col_l and beta_l mean_l) or, when the columns
+  // are asked for, centered into psi and then summed from there.
+  double* acc = phi_acc_.get(nR_);
+  double shift = 0;
+  if (fs.L > 0) {
+    slice_columns(fs, psi ? nullptr : beta, psi);
+    if (psi) {
+      for (int64_t i = 0; i < nR_; ++i) acc[i] = 0;
+      for (int64_t l = 0; l < fs.L; ++l) {
+        const double b = beta[l];
+        const T* c = psi + l * nR_;
+        for (int64_t i = 0; i < nR_; ++i) acc[i] += b * static_cast<double>(c[i]);
+      }
+    } else {
+      shift = gather_acc(acc);
+    }
+  } else {
+    for (int64_t i = 0; i < nR_; ++i) acc[i] = 0;
+  }
+  // The other columns are alpha + eps * (a row dual): alpha, and for softmax
+  // and sinkhorn3 the row duals after one and three steps from g' = 0. Their
+  // weighted sum is ca * alpha + b1 * f1 + b3 * f3.
+  int64_t p = fs.L;
+  double ca = 0, b1 = 0, b3 = 0;
+  const int64_t p_alpha = fs.alpha ? p++ : -1;
+  const int64_t p_soft = fs.softmax ? p++ : -1;
+  const int64_t p_s3 = fs.sinkhorn3 ? p++ : -1;
+  if (p_alpha >= 0) ca += beta[p_alpha];
+  if (p_soft >= 0) ca += beta[p_soft], b1 = beta[p_soft] * eps;
+  if (p_s3 >= 0) ca += beta[p_s3], b3 = beta[p_s3] * eps;
+  const T* f1 = nullptr;
+  const T* f3 = nullptr;
+  if (fs.softmax || fs.sinkhorn3) {
+    T* f1w = f1_.get(nR_);
+    for (int64_t j = 0; j < nJ_; ++j) g[j] = T(0);
+    row_pass(g, f1w, false, T(0), HeadOut<T>{});
+    f1 = f1w;
+    if (fs.sinkhorn3) {
+      T* f3w = f3_.get(nR_);
+      col_pass(f1w, g, false, T(0), HeadOut<T>{});
+      row_pass(g, f3w, false, T(0), HeadOut<T>{});
+      f3 = f3w;
+    }
+  }
+  if (psi) {
+    // The same columns as features(), rounded like the reference.
+    Scratch& s0 = scratch_[0];
+    s0.col.resize(nR_);
+    T* col = s0.col.data();
+    const T e = static_cast<T>(eps);
+    if (p_alpha >= 0) take_column(nR_, alpha, nullptr, p_alpha, s0, psi);
+    if (p_soft >= 0) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = e * f1[r] + alpha[r];
+      take_column(nR_, col, nullptr, p_soft, s0, psi);
+    }
+    if (p_s3 >= 0) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = e * f3[r] + alpha[r];
+      take_column(nR_, col, nullptr, p_s3, s0, psi);
+    }
+  }
+  // phi_i = acc_i + x_i - shift - mean(x), x = ca alpha + b1 f1 + b3 f3.
+  double sum = 0;
+  if (f3) {
+    for (int64_t r = 0; r < nR_; ++r) {
+      const double x = ca * static_cast<double>(alpha[r]) + b1 * static_cast<double>(f1[r]) +
+                       b3 * static_cast<double>(f3[r]);
+      acc[r] += x;
+      sum += x;
+    }
+  } else if (f1) {
+    for (int64_t r = 0; r < nR_; ++r) {
+      const double x = ca * static_cast<double>(alpha[r]) + b1 * static_cast<double>(f1[r]);
+      acc[r] += x;
+      sum += x;
+    }
+  } else if (ca != 0) {
+    for (int64_t r = 0; r < nR_; ++r) {
+      const double x = ca * static_cast<double>(alpha[r]);
+      acc[r] += x;
+      sum += x;
+    }
+  }
+  shift += sum / static_cast<double>(nR_);
+  const double inv_eps = 1.0 / eps;
+  for (int64_t r = 0; r < nR_; ++r) {
+    const T ph = static_cast<T>(acc[r] - shift);
+    if (phi) phi[r] = ph;
+    f[r] = static_cast<T>(static_cast<double>(ph - alpha[r]) * inv_eps);
+  }
+  closures(k, log_mult, f, g, out);
 }
 
 namespace {
@@ -527,9 +637,13 @@ void Engine<T>::slice_features_network(const FeatureSpec<T>& fs, const double* b
   const Active& a = *act_;
   const SortNetTable<T>& sk = sort_table_of<T>(sortnet_for(kt_.isa));
   const int64_t L = fs.L, LB = kSortLanes, Lp = round_up(L, LB), m = nJ_;
-  T* th = thT_.get(d_ * Lp);
-  for (int64_t k = 0; k < d_; ++k)
-    for (int64_t l = 0; l < Lp; ++l) th[k * Lp + l] = l < L ? fs.theta_s[l * d_ + k] : T(0);
+  const T* th = fs.theta_t;
+  if (!th) {
+    T* t = thT_.get(d_ * Lp);
+    for (int64_t k = 0; k < d_; ++k)
+      for (int64_t l = 0; l < Lp; ++l) t[k * Lp + l] = l < L ? fs.theta_s[l * d_ + k] : T(0);
+    th = t;
+  }
   T* XT = XT_.get(nR_ * Lp);
   T* YT = YT_.get(m * Lp);
   sk.project(nR_, d_, qa_, d_, th, Lp, XT);

@@ -48,6 +48,9 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
 template <class T>
 struct FeatureSpec {
   const T* theta_s = nullptr;  // [L, d]: sqrt(scale) * theta^T in T (rows = slices)
+  // The same bank transposed, [d][round_up(L, kSortLanes)], zero past L, for
+  // the lane-parallel path; nullptr = transposed per head from theta_s.
+  const T* theta_t = nullptr;
   int64_t L = 0;
   bool alpha = false, softmax = false;
   bool sinkhorn3 = false;  // f3 = row(col(row(0))) + alpha, the teacher's dual after 3 steps
@@ -100,6 +103,19 @@ class Engine {
   void features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta = nullptr,
                 double* phi = nullptr);
 
+  // A compiled ASAP map on this head, fused (docs/performance.md, "The fused
+  // ASAP call"): the slice columns, then the softmax and sinkhorn3 columns
+  // taken from the row/column passes the Sinkhorn loop would run anyway
+  // (f1 = the first row pass from g' = 0; f3 after one column and one row
+  // pass, on the stored tile), phi = Psi beta as one dot product per row in
+  // float64 (the centering folded into one shift), f' = (phi - alpha) / eps,
+  // then k closures with the last one fused into plan * V. beta [P] in the
+  // family's column order; alpha [nR] the query cost offsets. phi (may be
+  // null) receives phi_hat over R rounded to T; psi (may be null) the
+  // centered columns [P, nR] as features() writes them, from the same passes.
+  void asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult,
+                T* f, T* g, const HeadOut<T>& out, T* phi, T* psi);
+
   T log_a() const { return log_a_; }
 
  private:
@@ -141,6 +157,12 @@ class Engine {
   int64_t net_m_ = -1, net_count_ = 0;  // the comparators of the last m (sort_network locks)
   const int32_t* net_ = nullptr;
   void slice_features_network(const FeatureSpec<T>& fs, const double* beta, T* psi);
+  // The L slice columns: with beta, scratch acc += beta_l col_l and shift +=
+  // beta_l mean_l (acc and shift reset first); else centered into psi.
+  void slice_columns(const FeatureSpec<T>& fs, const double* beta, T* psi);
+  // Sum over the scratch areas of acc (into out [nR]) and shift.
+  double gather_acc(double* out);
+  Buf<double> phi_acc_;
   std::vector<Scratch> scratch_;
 };
 

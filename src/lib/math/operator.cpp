@@ -74,6 +74,7 @@ LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, con
   auto Psi = build_features(q, k, m, L.theta, L.family, s.score_scale, s.eps, S);
   LayerOutput r;
   r.phi_hat = predict_phi(Psi, L.coef);
+  if (opt.return_features) r.features = Psi;
   auto f_hat = dual_from_phi(r.phi_hat, cost_alpha(q, s.score_scale), m);
   auto res = run_closures(S, f_hat, v.to(q.scalar_type()), m, c, closures, opt.return_attention);
   r.out = res.O;

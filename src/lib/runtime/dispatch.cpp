@@ -57,6 +57,7 @@ void propagate_nonfinite(LayerOutput& r, const at::Tensor& q, const at::Tensor& 
   if (r.out.defined()) r.out = r.out.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
   if (r.attention.defined()) r.attention = r.attention.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
   if (r.phi_hat.defined()) r.phi_hat = r.phi_hat.masked_fill(bad.unsqueeze(-1), nan);
+  if (r.features.defined()) r.features = r.features.masked_fill(bad.unsqueeze(-1).unsqueeze(-1), nan);
 }
 
 // The fused path for one layer: the teacher's loop as deployed (outputs
@@ -64,7 +65,7 @@ void propagate_nonfinite(LayerOutput& r, const at::Tensor& q, const at::Tensor& 
 LayerOutput run_layer_fast(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& key_mask, const RunOptions& opt) {
   if (L.kind == OperatorKind::kAsap)
-    return fast::asap_layer(L, q, k, v, key_mask, opt.closures, opt.return_attention);
+    return fast::asap_layer(L, q, k, v, key_mask, opt);
   detail::check_layer_inputs(L, q, k, v);
   const int steps = detail::loop_kind_steps(L, opt);
   auto t = fast::teacher(q, k, v.to(q.scalar_type()), key_mask, L.spec.score_scale, steps, convention_of(L.spec),
@@ -97,7 +98,7 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
   if (half_precision(q)) {
     // Half precision in, half precision out: computed in float32 (issue 16, item 7).
     auto r = run_layer(L, widened(q), widened(k), widened(v), key_mask, opt);
-    for (at::Tensor* t : {&r.out, &r.attention, &r.phi_hat})
+    for (at::Tensor* t : {&r.out, &r.attention, &r.phi_hat, &r.features})
       if (t->defined()) *t = t->to(q.scalar_type());
     return r;
   }
