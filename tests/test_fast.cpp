@@ -102,6 +102,45 @@ TEST_CASE("fast: exponential kernels are accurate on every instruction set") {
   }
 }
 
+TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every instruction set") {
+  // Rows in blocks of the float64 vector width share one joint reduction
+  // (lane i = row i): a wrong shuffle would swap or mix rows.
+  at::manual_seed(5);
+  for (const auto& isa : asap::fast::available_isas()) {
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    for (int64_t d : {1, 2, 7, 8, 16, 17, 64}) {
+      for (int64_t count : {1, 3, 8, 9, 17, 19}) {
+        CAPTURE(isa);
+        CAPTURE(d);
+        CAPTURE(count);
+        const int64_t n = count + 5;
+        auto q64 = at::randn({n, d}, at::kDouble);
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < count; ++r) rows.push_back((r * 7 + 3) % n);  // not in order
+        auto expect = [&](int64_t r) {
+          double s = 0;
+          for (int64_t c = 0; c < d; ++c) s += q64[rows[r]][c].item<double>() * q64[rows[r]][c].item<double>();
+          return 0.5 * 0.3 * s;
+        };
+        std::vector<double> o64(count);
+        K.f64.row_sqnorm(count, rows.data(), q64.data_ptr<double>(), d, 0.15, o64.data());
+        auto q32 = q64.to(at::kFloat).contiguous();
+        std::vector<float> o32(count);
+        K.f32.row_sqnorm(count, rows.data(), q32.data_ptr<float>(), d, 0.15f, o32.data());
+        for (int64_t r = 0; r < count; ++r) {
+          const double e = expect(r);
+          CHECK(std::abs(o64[r] - e) <= 1e-13 * e);
+          double e32 = 0;  // from the float32 inputs
+          for (int64_t c = 0; c < d; ++c) e32 += double(q32[rows[r]][c].item<float>()) * q32[rows[r]][c].item<float>();
+          CHECK(std::abs(o32[r] - 0.15 * e32) <= 1e-6 * 0.15 * e32);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_peak reports rates") {
   // peak_fma(iters, seed): kPeakChains chains x width lanes of x = x * a + b,
   // chain c starting at seed + c; the result is the sum over chains and lanes.

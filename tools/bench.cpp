@@ -115,8 +115,13 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   L.family.softmax_dual = softmax;
   L.family.sinkhorn_dual3 = sinkhorn3;
   L.per_head = true;
+  // Coefficients like a fitted map's: weight 1 on the family's last dual
+  // column (f3, else f1, else alpha), small random weights elsewhere. Purely
+  // random weights give duals far from any plan, whose tiny entries turn
+  // subnormal in the output GEMM: that times the data, not the kernel.
   at::manual_seed(seed + 7);
-  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.5 / static_cast<double>(std::max<int64_t>(slices, 1)));
+  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.05 / static_cast<double>(std::max<int64_t>(slices, 1)));
+  L.coef.select(1, L.family.num_columns() - 1).add_(1.0);
   L.default_closures = 3;
   return L;
 }

@@ -25,6 +25,20 @@
 # OpenMP's ACTIVE and once with its PASSIVE wait policy. Prints each time
 # with "Nx bound" (target: the teacher at n = 64 within 2x).
 #
+#   tools/bench.sh --overhead [--quick] [asap_bench options...]
+#
+# --overhead: what an ASAP map costs against the Sinkhorn loop of the same
+# log-sum-exp passes (the fused ASAP call), nothing rendered: every family
+# with p passes -- alpha (k closures: p = k), alpha+softmax (p = 1 + k),
+# alpha+softmax+sinkhorn3 (p = 3 + k), k = 1 and 3 -- against Sinkhorn
+# T' = p, timed round-robin in the same run, at n = 17, 32, 50, 64, 128,
+# B x H = 16 x 4, d = 16 and 64, slice-free and with 16 slices, under
+# OpenMP's ACTIVE and PASSIVE wait policies. Prints one table per setting,
+# the largest ratio per setting over n = 17-64 (targets: slice-free within
+# 1.05x, 16 slices within 1.25x) and the n = 50 4-pass call against its
+# FLOP/exp bound. --quick: n = 17 and 50, d = 16, ACTIVE only. Raw results
+# to $OUT.overhead.json when OUT is set.
+#
 #   tools/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
 # --exact times only the exact fused teacher from Python: a Sinkformer
@@ -81,6 +95,72 @@ for r in d["results"]:
 PYEOF
     done
   done
+  exit 0
+fi
+if [ "${1:-}" = "--overhead" ]; then
+  shift
+  NS="17,32,50,64,128" DS="16 64" POLICIES="active passive"
+  if [ "${1:-}" = "--quick" ]; then shift; NS="17,50" DS="16" POLICIES="active"; fi
+  echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  TMPD=$(mktemp -d)
+  trap 'rm -rf "$TMPD"' EXIT
+  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_sm_1,asap_sm_3,asap_s3_1,asap_s3_3
+  i=0
+  for policy in $POLICIES; do
+    for d in $DS; do
+      for slices in 0 16; do
+        i=$((i + 1))
+        echo "  running: OMP_WAIT_POLICY=$policy d=$d slices=$slices n=$NS" >&2
+        # shellcheck disable=SC2086
+        "$BENCH" --wait-policy $policy --n "$NS" --bh 16x4 --d "$d" --slices "$slices" --T 6 --k 1,2,3,4,6 \
+          --only "$OPS" --reps 201 --no-mem --json "$TMPD/$i.json" "$@" > /dev/null 2>&1 \
+          || { echo "bench.sh: asap_bench failed (policy $policy, d $d, slices $slices)" >&2; exit 1; }
+        echo "$policy $d $slices $TMPD/$i.json" >> "$TMPD/index"
+      done
+    done
+  done
+  "$PY" - "$TMPD/index" "${OUT:+$OUT.overhead.json}" <<'PYEOF'
+import json, sys
+rows, raw = [], []
+for line in open(sys.argv[1]):
+    policy, d, slices, path = line.split()
+    data = json.load(open(path))
+    raw.append({"policy": policy, "d": int(d), "slices": int(slices), "bench": data})
+    t = {(r["n"], r["op"], r["param"]): r for r in data["results"]}
+    print("\nOMP_WAIT_POLICY=%s, d = %s, %s, %d threads" % (policy, d, "slice-free" if slices == "0" else slices + " slices",
+                                                           data["machine"]["threads"]))
+    print("| n | family | k | passes | ASAP (ms) | Sinkhorn T' = passes (ms) | ratio |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for n in sorted({k[0] for k in t}):
+        for fam, extra in (("asap", 0), ("asap_sm", 1), ("asap_s3", 3)):
+            for k in (1, 3):
+                a, s = t.get((n, fam, k)), t.get((n, "sinkhorn", k + extra))
+                if not a or not s:
+                    continue
+                ratio = a["median_s"] / s["median_s"]
+                name = {"asap": "alpha", "asap_sm": "alpha+softmax", "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
+                print("| %d | %s | %d | %d | %.4f | %.4f | %.2fx |" % (n, name, k, k + extra, 1e3 * a["median_s"],
+                                                                     1e3 * s["median_s"], ratio))
+                rows.append((policy, int(d), int(slices), n, name, k, k + extra, ratio, a.get("bound_ratio")))
+print("\nLargest ratio over n = 17-64 (target: slice-free <= 1.05x, 16 slices <= 1.25x):")
+for policy in sorted({r[0] for r in rows}):
+    for d in sorted({r[1] for r in rows}):
+        for slices in sorted({r[2] for r in rows}):
+            sel = [r for r in rows if r[:3] == (policy, d, slices) and 17 <= r[3] <= 64]
+            if not sel:
+                continue
+            worst = max(sel, key=lambda r: r[7])
+            target = 1.05 if slices == 0 else 1.25
+            print("  %-7s d=%-3d %-11s %.2fx (%s k=%d at n=%d) %s" % (
+                policy, d, "slice-free" if slices == 0 else "%d slices" % slices, worst[7], worst[4], worst[5],
+                worst[3], "met" if worst[7] <= target else "MISSED (target %.2fx)" % target))
+b = [r for r in rows if r[3] == 50 and r[4] == "alpha+softmax+sinkhorn3" and r[5] == 1 and r[8]]
+for r in b:
+    print("  n=50 4-pass alpha+softmax+sinkhorn3 k=1 (%s, d=%d, %s): %.2fx its FLOP/exp bound (stretch: <= 3x)"
+          % (r[0], r[1], "slice-free" if r[2] == 0 else "%d slices" % r[2], r[8]))
+if len(sys.argv) > 2 and sys.argv[2]:
+    json.dump(raw, open(sys.argv[2], "w"), indent=1)
+PYEOF
   exit 0
 fi
 if [ "${1:-}" = "--features" ]; then
