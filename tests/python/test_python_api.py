@@ -156,10 +156,16 @@ def test_compile_verify_from_model():
                     "-q", "--slices", "8", "--no-report", "--objective", "fidelity", "--threads", "1"],
                    check=True, capture_output=True)
     ref = asap_torch.load_artifact(want, backend="torch")
+    # and from the checkpoint file with the spec as a dict (a checkpoint without code)
+    with open(os.path.join(FIXTURES, "vit.spec.json")) as f:
+        spec = json.load(f)
+    art2, _ = asap_torch.compile(os.path.join(FIXTURES, "vit_checkpoint.pt"), [calib],
+                                 os.path.join(WORK, "ckpt.asap.h5"), spec=spec, progress=False, **FAST)
     for name in VIT:
-        a, b = art.layer(name), ref.layer(name)
-        assert a.describe == b.describe, (a.describe, b.describe)
-        assert np.allclose(a.coef, b.coef, rtol=1e-6, atol=1e-9)
+        for other in (ref, art2):
+            a, b = art.layer(name), other.layer(name)
+            assert a.describe == b.describe, (a.describe, b.describe)
+            assert np.allclose(a.coef, b.coef, rtol=1e-6, atol=1e-9)
     # verify from the same model: the digest of its saved state_dict agrees
     html = os.path.join(WORK, "vit.verify.html")
     v = asap_torch.verify(model, art, calib, report=html, no_timing=True, max_closures=2,
