@@ -7,7 +7,7 @@ subprocess, with its options, defaults and one-sentence errors.
 
 Keyword options are asapc's flags with '-' written '_' (min_speedup=1.05 is
 --min-speedup 1.05, fit="kl" is --fit kl; True adds a bare flag such as
-no_report=True; a list is joined with commas; None and False are left out).
+no_report=True; a list is joined with commas, except compare=[...], whose files are separate arguments; None and False are left out).
 asapc refusing its input (exit 2) raises AsapcInputError, a ValueError, with
 asapc's one sentence; any other failure raises CompileError (compile) or
 AsapcError. asapc draws its progress bar on stderr when stderr is a terminal,
@@ -37,6 +37,8 @@ __all__ = ["compile", "verify", "inspect", "spec_from_model", "AsapcError", "Asa
 SPEC_FORMAT = "asapc-teacher-spec"
 EXIT_BAD_INPUT = 2
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# options whose values asapc takes as separate arguments (the others are comma lists)
+_SPACE_LISTS = {"compare"}
 
 
 class AsapcError(RuntimeError):
@@ -158,6 +160,8 @@ def _flags(options, reserved, what):
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
+        elif isinstance(value, (list, tuple)) and key in _SPACE_LISTS:
+            args += [flag] + [os.fspath(v) if isinstance(v, os.PathLike) else str(v) for v in value]
         elif isinstance(value, (list, tuple)):
             args += [flag, ",".join(str(v) for v in value)]
         else:

@@ -175,8 +175,10 @@ def test_compile_verify_from_model():
     assert v["thresholds"]["passed"] is False
     assert len(v["thresholds"]["failures"]) == 2 and all(
         "exceeds --max-attention-error" in f for f in v["thresholds"]["failures"])
-    v2 = asap_torch.verify(model, out, calib, no_timing=True, max_closures=1, progress=False)
+    v2 = asap_torch.verify(model, out, calib, no_timing=True, max_closures=1, progress=False,
+                           compare=[art2.path], force=True)   # art2: the fixture file, same weights
     assert v2["thresholds"] == {"passed": True, "failures": []}
+    assert len(v2["compare"]) == 1 and [l["name"] for l in v2["compare"][0]["layers"]] == VIT
     assert not os.path.exists(out + ".verify.html")        # no report unless asked
     # another model's weights: asapc's digest check, as a ValueError
     other = sm.fixture_vit(seed=3).eval()
