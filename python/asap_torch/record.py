@@ -80,7 +80,7 @@ def resolve_layers(model, layer_names):
             msg += "; attention modules: " + ", ".join(cands)
         else:
             msg += "; no module owns to_qkv / WQ / in_proj_weight / q_proj / fc_q " \
-                   "(use --list-modules to see every module)"
+                   "(model.named_modules() lists every module; record_calib.py: --list-modules)"
         raise RecordError(msg)
     if len(set(layer_names)) != len(layer_names):
         raise RecordError("a layer is named twice in %s" % ", ".join(layer_names))

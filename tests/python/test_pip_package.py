@@ -81,7 +81,7 @@ def test_install_example_uninstall():
     sh([PYTHON, "-m", "venv", "--system-site-packages", ENV_DIR], WORK, clean_env())
     pip = os.path.join(ENV_DIR, "bin", "pip")
     t0 = time.monotonic()
-    r = sh([pip, "install", "-v", "--no-build-isolation", "--no-index", REPO], WORK,
+    r = sh([pip, "install", "-v", "--no-cache-dir", "--no-build-isolation", "--no-index", REPO], WORK,
            clean_env(ASAP_BUILD_DIR=bdir))
     print("     pip install took %.1f s (build directory %s reused)" % (time.monotonic() - t0, bdir))
     # the install reuses the build's targets: nothing is compiled again
