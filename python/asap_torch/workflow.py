@@ -221,7 +221,10 @@ def spec_from_model(model, layers=None, description=None):
     out = []
     for name in names:
         mod = mods.get(name) if name else None
-        kind = module_kind(mod) if mod is not None else None
+        if mod is None:
+            raise ValueError("%s has no module named '%s'; its Sinkformer attention modules: %s"
+                             % (type(model).__name__, name, ", ".join(sinkhorn_layers(model)) or "none"))
+        kind = module_kind(mod)
         if kind is None:
             raise ValueError("module '%s' of %s is not a Sinkformer attention module (ViT Attention "
                              "with to_qkv, to_out, heads or text MultiHeadAttention with WQ, WK, WV, "

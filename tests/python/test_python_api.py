@@ -135,8 +135,10 @@ def test_spec_from_model_equals_bundled_spec():
     assert layer["out"] == {"weight": "layers.1.mha.linear.weight", "bias": "layers.1.mha.linear.bias"}
     raises(ValueError, lambda: asap_torch.spec_from_model(torch.nn.Linear(2, 2)),
            "Linear has no Sinkformer attention module")
-    raises(ValueError, lambda: asap_torch.spec_from_model(fixture_vit(), layers=["to_patch"]),
-           "module 'to_patch'", "not a Sinkformer attention module")
+    raises(ValueError, lambda: asap_torch.spec_from_model(fixture_vit(), layers=["to_patch_embedding"]),
+           "module 'to_patch_embedding'", "not a Sinkformer attention module")
+    raises(ValueError, lambda: asap_torch.spec_from_model(fixture_vit(), layers=["nope"]),
+           "ViT has no module named 'nope'", VIT[0])
 
 
 @test
