@@ -189,7 +189,7 @@ def _time_round_robin(fns, reps, min_sample_s=0.05):
 def measure_exact(a):
     """One child of --exact: the rows of every shape, in this process's
     runtime settings."""
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "python")]   # python/: asap_torch
     import asap_torch
     if not asap_torch.op_available():
         raise SystemExit("bench_pytorch.py --exact: %s is not available (%s); build the target "

@@ -41,8 +41,9 @@ import time
 
 TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TOOLS_DIR)
-if TOOLS_DIR not in sys.path:
-    sys.path.insert(0, TOOLS_DIR)
+for _d in (TOOLS_DIR, os.path.join(os.path.dirname(TOOLS_DIR), "python")):   # python/: asap_torch
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 
 # Targets of issue 13 (points of accuracy, share of agreement), and per layer
 # from asapc verify: the default operator at least MIN_SPEEDUP times faster

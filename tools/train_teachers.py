@@ -240,7 +240,35 @@ def record_pair(model, names, calib_x, heldout_x, base, compression, attrs):
 # main
 # --------------------------------------------------------------------------
 
+def save_images(a):
+    """--images-only: NAME.images.npz, the raw MNIST images behind the
+    calibration and held-out files (the same seeded picks as run()), so that
+    the bundled teacher can be recorded and its predictions compared without
+    the MNIST download: calib_images uint8 [calib, 28, 28], calib_labels,
+    heldout_images uint8 [heldout, 28, 28], heldout_labels. The model's input
+    is (images / 255 - 0.1307) / 0.3081, unsqueezed to [N, 1, 28, 28]."""
+    name, family = TEACHERS[a.which][:2]
+    if family != "vit":
+        raise datasets.DataMissing("--images-only is for the MNIST teachers (vit6, vit5)")
+    if a.train_subset:
+        raise datasets.DataMissing("--images-only picks from the full training split: drop "
+                                   "--train-subset")
+    os.makedirs(a.out, exist_ok=True)
+    train_x, train_y = datasets.load_mnist("train")
+    test_x, test_y = datasets.load_mnist("test")
+    ci = pick(a.calib, len(train_x), a.seed + 1).numpy()
+    hi = pick(a.heldout, len(test_x), a.seed + 2).numpy()
+    path = os.path.join(a.out, name + ".images.npz")
+    np.savez_compressed(path, calib_images=train_x[ci], calib_labels=train_y[ci],
+                        heldout_images=test_x[hi], heldout_labels=test_y[hi])
+    log("wrote %s: %d calibration and %d held-out MNIST images (%.2f MB)"
+        % (path, len(ci), len(hi), os.path.getsize(path) / 1e6))
+    return 0
+
+
 def run(a):
+    if a.images_only:
+        return save_images(a)
     name, family, T, default_epochs, default_lr = TEACHERS[a.which]
     epochs = a.epochs if a.epochs is not None else default_epochs
     lr = a.lr if a.lr is not None else default_lr
@@ -365,6 +393,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: results depend on the thread count, and on "
                         "a loaded 2-core machine one thread is several times faster than two)")
+    p.add_argument("--images-only", action="store_true",
+                   help="train nothing: write NAME.images.npz, the raw MNIST images of the "
+                        "calibration and held-out files (ViT teachers)")
     a = p.parse_args(argv)
     torch.set_num_threads(max(1, a.threads))
     try:

@@ -16,6 +16,8 @@
 //   teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1,
 //           bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False)
 //       -> (Tensor out, Tensor attention)      the exact finite Sinkhorn loop, no artifact
+//   machine() -> str                              JSON: the kernels' instruction set, the ones
+//       available, the thread count and whether at::parallel_for runs in parallel
 //
 // q, k [B, H, n, d], v [B, H, n, dv], key_mask [B, n] (true / nonzero = token);
 // closures = 0 takes the layer's compiled default. A layer whose operator
@@ -35,6 +37,7 @@
 // This is the one translation unit of asapc that includes the Torch
 // frontend headers (torch/library.h); the library proper uses ATen only.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
@@ -50,6 +53,7 @@
 #include <vector>
 
 #include "asap/error.h"
+#include "asap/fast.h"
 #include "asap/runtime.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
@@ -281,6 +285,17 @@ std::tuple<at::Tensor, at::Tensor> op_teacher(const at::Tensor& q, const at::Ten
   return {r.O, return_attention ? r.A : q.new_empty({0})};
 }
 
+std::string op_machine() {
+  return guarded("machine", []() -> std::string {
+    nlohmann::json j;
+    j["isa"] = asap::fast::isa_for();
+    j["available_isas"] = asap::fast::available_isas();
+    j["threads"] = static_cast<int64_t>(at::get_num_threads());
+    j["parallel_build"] = asap::fast::parallel_build();
+    return j.dump();
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(asap, m) {
@@ -300,4 +315,5 @@ TORCH_LIBRARY(asap, m) {
   m.def("teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1.0, "
         "bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False) -> (Tensor, Tensor)",
         op_teacher);
+  m.def("machine() -> str", op_machine);
 }

@@ -33,8 +33,9 @@ import h5py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(REPO, "tools")
+PYPKG = os.path.join(REPO, "python")          # the asap_torch package, from the source tree
 FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
-sys.path.insert(0, TOOLS)
+sys.path[:0] = [TOOLS, PYPKG]
 import sinkformer_models as sm  # noqa: E402
 import asap_torch  # noqa: E402
 from asap_torch import reference  # noqa: E402
@@ -516,7 +517,7 @@ def test_fallback_without_library():
     a = artifacts()
     code = r"""
 import sys, warnings, torch
-sys.path.insert(0, %r)
+sys.path[:0] = [%r, %r]
 import asap_torch, sinkformer_models as sm
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
@@ -540,7 +541,7 @@ msgs = [str(x.message) for x in w if "pure-PyTorch fallback" in str(x.message)]
 assert art.backend == "torch" and len(msgs) == 1, msgs
 torch.save(y, %r)
 print("ok")
-""" % (TOOLS, a["vit"], a["vit"], os.path.join(FIXTURES, "vit_checkpoint.pt"),
+""" % (TOOLS, PYPKG, a["vit"], a["vit"], os.path.join(FIXTURES, "vit_checkpoint.pt"),
        os.path.join(WORK, "fallback_logits.pt"))
     env = dict(os.environ, ASAP_TORCH_OP=os.path.join(WORK, "no_such_lib.so"))
     r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
@@ -554,7 +555,7 @@ print("ok")
     # backend="op" without the library is an error, not a silent fallback
     code2 = "import sys; sys.path.insert(0, %r)\nimport asap_torch\ntry:\n" \
             "    asap_torch.load_artifact(%r, backend='op')\nexcept RuntimeError as e:\n" \
-            "    print('refused' if 'not available' in str(e) else e)\n" % (TOOLS, a["vit"])
+            "    print('refused' if 'not available' in str(e) else e)\n" % (PYPKG, a["vit"])
     r = subprocess.run([PYTHON, "-c", code2], capture_output=True, text=True, env=env, cwd=REPO)
     assert r.stdout.strip() == "refused", r.stdout + r.stderr
 

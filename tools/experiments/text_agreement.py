@@ -45,7 +45,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOLS = os.path.dirname(HERE)
 REPO = os.path.dirname(TOOLS)
-sys.path.insert(0, TOOLS)
+sys.path[:0] = [TOOLS, os.path.join(REPO, "python")]   # python/: the asap_torch package
 
 import train_teachers  # noqa: E402
 
