@@ -680,6 +680,13 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   CHECK(stored <= ls_art * (1 + 1e-6));
   CHECK(stored == doctest::Approx(std::min(e_kl, e_ls)).epsilon(1e-4));
   CHECK(ls_art == doctest::Approx(e_ls).epsilon(1e-4));
+  // A KL fit held near zero by a huge ridge ends worse than LS: the LS
+  // coefficients are what the artifact stores.
+  o.fit = "kl";
+  o.kl_ridge = 1e4;
+  auto shrunk = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  CHECK(shrunk.summary["layers"][0]["kl"]["fell_back_to_ls"].get<bool>());
+  CHECK(verified_heldout_error(shrunk.artifact, dir / "calib.h5") <= ls_art * (1 + 1e-6));
 }
 
 TEST_CASE("compile: --fit attention refines the chosen map and never ends worse than LS on held-out data") {
