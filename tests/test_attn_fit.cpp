@@ -107,5 +107,34 @@ TEST_CASE("attention refit: L-BFGS finds a k-matched dual that reproduces the te
   CHECK(f0 > 1e-3);
   CHECK(f1 < 1e-8 * f0);
   CHECK(std::abs(r.coef.item<double>() - 1.0) < 1e-3);
-  CHECK(r.diagnostics["heldout_objective"].get<double>() <= r.diagnostics["heldout_objective_ls"].get<double>());
+  // The reported held-out objectives are those of the start and of the returned coefficients.
+  CHECK(r.diagnostics["heldout_objective_ls"].get<double>() == doctest::Approx(f0).epsilon(1e-12));
+  CHECK(r.diagnostics["heldout_objective"].get<double>() == doctest::Approx(f1).epsilon(1e-6));
+}
+
+TEST_CASE("attention refit: the held-out best is kept, the LS start when training moves away from it") {
+  // Training data whose optimum is coefficient 1; held-out data built with
+  // the column negated, whose optimum is -1. L-BFGS walks from 0.4 towards
+  // 1, every held-out check is worse than the start, and the start is
+  // what comes back (with its held-out objective).
+  auto x = random_case(3, 2, 8, 21, false);
+  const double scale = 0.5, eps = x.c.eps;
+  auto f3 = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, scale, 3, x.c, false).f;
+  auto m = asap::log_marginals(x.mask, 3, 8, false, at::kDouble, at::kCPU);
+  auto col = (f3 + asap::cost_alpha(x.q, scale)).masked_fill(m.row_active.logical_not(), 0.0).unsqueeze(-1);
+  std::vector<asap::AttnBatch> train{batch_of(x, col, scale, 6)}, held{batch_of(x, -col, scale, 6)};
+  auto tr = source_of(train), he = source_of(held);
+  asap::AttnFitOptions o;
+  o.max_iters = 30;
+  o.check_every = 1;
+  auto start = at::full({1, 1}, 0.4, at::kDouble);
+  const double h0 = asap::attn_evaluate(he, start, eps, 3, nullptr);
+  auto r = asap::refine_attention(tr, &he, start, eps, 3, o);
+  CHECK(r.diagnostics["train_objective"].get<double>() < 1e-3 * r.diagnostics["train_objective_ls"].get<double>());
+  CHECK(r.diagnostics["best_iteration"].get<int>() == 0);
+  CHECK(r.coef.item<double>() == 0.4);
+  CHECK(r.diagnostics["heldout_objective"].get<double>() == doctest::Approx(h0).epsilon(1e-12));
+  // And the held-out objective of the last iterate is indeed worse.
+  const auto& hist = r.diagnostics["history"];
+  CHECK(hist.back()["heldout"].get<double>() > h0);
 }

@@ -31,8 +31,8 @@ each reduced budget, for the "closer than Sinkhorn at equal latency" table.
 import argparse
 import contextlib
 import datetime
-import html
 import json
+import math
 import os
 import platform
 import subprocess
@@ -505,145 +505,156 @@ def _n_of(r):
     return {"vit": "17", "text": "32"}.get(r["family"], "?")
 
 
-def plot(results, path_png):
-    """Agreement with the teacher vs log-sum-exp passes; PNG via matplotlib,
-    else None (the caller falls back to inline SVG)."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (Debian's python3-matplotlib,
+    which tools/setup.sh installs)."""
     try:
         import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
-        return None
+        raise SystemExit("evaluate.py: matplotlib is not installed: apt-get install python3-matplotlib "
+                         "(tools/setup.sh installs it)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def finite_points(points):
+    """The tuples of `points` whose first two entries (x, y) are finite
+    numbers: an untimed speed-up (None) has no place on a speed axis."""
+    return [p for p in points
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in p[:2])]
+
+
+def fit_limits(ax, xs, ys, pad=0.06):
+    """Axis limits that hold every value of xs and ys, with a margin."""
+    for values, setter in ((xs, ax.set_xlim), (ys, ax.set_ylim)):
+        lo, hi = min(values), max(values)
+        m = pad * (hi - lo) if hi > lo else max(abs(hi) * 0.05, 0.5)
+        setter(lo - m, hi + m)
+
+
+def passes_figure(results):
+    """Agreement with the teacher against log-sum-exp passes per layer, one
+    panel per teacher."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.8), squeeze=False)
     for ax, r in zip(axes[0], results):
+        xs_all, ys_all = [r["T"]], [100.0]
         for kind, style, name in (("sinkhorn", "o-", "Sinkhorn T'"), ("asap", "s-", "ASAP (LS), k"),
                                   ("asap-kl", "D", "ASAP-KL"), ("compiled", "P", "compiled default")):
-            vs = [v for v in r["variants"] if v["kind"] == kind]
-            if not vs:
+            pts = finite_points([(max(int(p) for p in v["passes"].split("/")), v["agreement"], v)
+                                 for v in r["variants"] if v["kind"] == kind])
+            if not pts:
                 continue
-            xs = [max(int(p) for p in v["passes"].split("/")) for v in vs]
-            ys = [v["agreement"] for v in vs]
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            xs_all += xs
+            ys_all += ys
             ax.plot(xs, ys, style, label=name, markersize=5)
             if kind == "asap":
-                for v, xx, yy in zip(vs, xs, ys):
-                    ax.annotate("k=%d" % v["k"], (xx, yy), textcoords="offset points",
-                                xytext=(4, -10), fontsize=7)
+                for x, y, v in pts:
+                    ax.annotate("k=%d" % v["k"], (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
         ax.axvline(r["T"], color="grey", lw=0.8, ls=":")
         ax.plot([r["T"]], [100.0], "k*", markersize=9, label="teacher (T = %d)" % r["T"])
+        fit_limits(ax, xs_all, ys_all)
         ax.set_title("%s, T = %d" % (TITLES.get(r["family"], r["family"]), r["T"]), fontsize=9)
         ax.set_xlabel("log-sum-exp passes per layer")
         ax.set_ylabel("agreement with teacher (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path_png, dpi=110)
-    plt.close(fig)
-    return path_png
+    return fig
 
 
-def svg_plot(results):
-    """The same plot as inline SVG (no dependencies)."""
-    W, H, pad = 360, 260, 44
-    parts = []
-    colors = {"sinkhorn": "#1f77b4", "asap": "#d62728", "asap-kl": "#2ca02c"}
-    for r in results:
-        pts = {k: [(max(int(p) for p in v["passes"].split("/")), v["agreement"])
-                   for v in r["variants"] if v["kind"] == k] for k in colors}
-        allp = [p for ps in pts.values() for p in ps]
-        x0, x1 = 0, max(p[0] for p in allp) + 1
-        y0, y1 = min(p[1] for p in allp), 100.0
-        y0 = max(0.0, y0 - 2)
-
-        def X(x):
-            return pad + (W - pad - 10) * (x - x0) / (x1 - x0)
-
-        def Y(y):
-            return H - pad + (-(H - pad - 20)) * (y - y0) / max(1e-9, y1 - y0)
-        s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
-             'font-family="sans-serif" font-size="10">' % (W, H),
-             '<text x="%d" y="12">%s</text>' % (pad, html.escape(
-                 "%s, T = %d" % (TITLES.get(r["family"], r["family"]), r["T"]))),
-             '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (pad, H - pad, W - 10,
-                                                                           H - pad),
-             '<line x1="%d" y1="20" x2="%d" y2="%d" stroke="black"/>' % (pad, pad, H - pad)]
-        for xt in range(x0, x1 + 1):
-            s.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (X(xt), H - pad + 14,
-                                                                               xt))
-        for i in range(5):
-            yt = y0 + (y1 - y0) * i / 4
-            s.append('<text x="%d" y="%.1f" text-anchor="end">%.1f</text>' % (pad - 4, Y(yt) + 3,
-                                                                             yt))
-        s.append('<text x="%d" y="%d" text-anchor="middle">log-sum-exp passes per layer</text>'
-                 % ((W + pad) // 2, H - 10))
-        for k, ps in pts.items():
-            if len(ps) > 1:
-                s.append('<polyline fill="none" stroke="%s" points="%s"/>' % (
-                    colors[k], " ".join("%.1f,%.1f" % (X(a), Y(b)) for a, b in ps)))
-            for a, b in ps:
-                s.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (X(a), Y(b), colors[k]))
-        for i, (k, name) in enumerate((("sinkhorn", "Sinkhorn T'"), ("asap", "ASAP (LS) k"),
-                                       ("asap-kl", "ASAP-KL"))):
-            s.append('<text x="%d" y="%d" fill="%s">%s</text>' % (W - 110, H - pad - 40 + 12 * i,
-                                                                 colors[k], name))
-        s.append("</svg>")
-        parts.append("".join(s))
-    return parts
-
-
-def curve_svg(r):
-    """Agreement against the slowest layer's speed-up: compiled models per
-    --min-speedup target, and Sinkhorn T' (same ending / other ending)."""
-    c = r["curve"]
-    W, H, pad = 420, 280, 48
-    series = {"compiled": [(p["min_speedup"], p["agreement"], p["target"]) for p in c["points"]
-                           if p["min_speedup"]],
-              "sinkhorn": [(s["min_speedup"], s["agreement"], "T'=%d" % s["T"]) for s in c["sinkhorn"]
-                           if s["min_speedup"] and not s["other_ending"]]}
-    colors = {"compiled": "#d62728", "sinkhorn": "#1f77b4"}
-    allp = [p for ps in series.values() for p in ps]
-    if not allp:
+def speedup_figure(r):
+    """Agreement against the slowest layer's speed-up: the compiled models
+    per --min-speedup target, and Sinkhorn T' (filled: same ending as the
+    teacher; hollow: the other ending). None without a curve or a timed
+    point. The x axis spans every point, the teacher's speed (1x) and the
+    1.25x target."""
+    c = r.get("curve")
+    if not c:
         return None
-    x0, x1 = 1.0, max(max(p[0] for p in allp), MIN_SPEEDUP) + 0.1
-    y0, y1 = max(0.0, min(p[1] for p in allp) - 2), 100.0
-
-    def X(v):
-        return pad + (W - pad - 10) * (v - x0) / (x1 - x0)
-
-    def Y(v):
-        return H - pad - (H - pad - 20) * (v - y0) / max(1e-9, y1 - y0)
-    s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
-         'font-size="10">' % (W, H),
-         '<text x="%d" y="12">%s: agreement vs speed-up</text>' % (pad, html.escape(teacher_title(r))),
-         '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (pad, H - pad, W - 10, H - pad),
-         '<line x1="%d" y1="20" x2="%d" y2="%d" stroke="black"/>' % (pad, pad, H - pad),
-         '<line x1="%.1f" y1="20" x2="%.1f" y2="%d" stroke="#999" stroke-dasharray="4 3"/>'
-         % (X(MIN_SPEEDUP), X(MIN_SPEEDUP), H - pad)]
-    xt = 1.0
-    while xt <= x1 + 1e-9:
-        s.append('<text x="%.1f" y="%d" text-anchor="middle">%.2g</text>' % (X(xt), H - pad + 14, xt))
-        xt += 0.25
-    for i in range(5):
-        yt = y0 + (y1 - y0) * i / 4
-        s.append('<text x="%d" y="%.1f" text-anchor="end">%.1f</text>' % (pad - 4, Y(yt) + 3, yt))
-    s.append('<text x="%d" y="%d" text-anchor="middle">speed-up over the teacher (slowest layer, '
-             'asapc verify)</text>' % ((W + pad) // 2, H - 12))
-    for k, ps in series.items():
-        ps = sorted(ps)
-        if len(ps) > 1:
-            s.append('<polyline fill="none" stroke="%s" points="%s"/>'
-                     % (colors[k], " ".join("%.1f,%.1f" % (X(a), Y(b)) for a, b, _ in ps)))
-        for a_, b, lab in ps:
-            s.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>%s: %.2fx, %.2f%%</title></circle>'
-                     % (X(a_), Y(b), colors[k], html.escape(lab), a_, b))
-    s.append('<text x="%d" y="%d" fill="%s">compiled (--min-speedup targets)</text>'
-             % (W - 200, H - pad - 28, colors["compiled"]))
-    s.append('<text x="%d" y="%d" fill="%s">Sinkhorn T\' (same ending)</text>'
-             % (W - 200, H - pad - 16, colors["sinkhorn"]))
-    s.append("</svg>")
-    return "".join(s)
+    compiled = sorted(finite_points([(p["min_speedup"], p["agreement"], p["target"]) for p in c["points"]]))
+    same = sorted(finite_points([(s["min_speedup"], s["agreement"], "T'=%d" % s["T"])
+                                 for s in c["sinkhorn"] if not s["other_ending"]]))
+    other = sorted(finite_points([(s["min_speedup"], s["agreement"], "T'=%d" % s["T"])
+                                  for s in c["sinkhorn"] if s["other_ending"]]))
+    if not (compiled or same or other):
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":", label="the teacher's speed")
+    ax.axvline(MIN_SPEEDUP, color="grey", lw=0.8, ls="--", label="%.2fx target" % MIN_SPEEDUP)
+    for pts, style, kw, name in ((compiled, "o-", {"color": "#d62728"}, "compiled (--min-speedup targets)"),
+                                 (same, "s-", {"color": "#1f77b4"}, "Sinkhorn T' (same ending)"),
+                                 (other, "s", {"color": "#1f77b4", "markerfacecolor": "none"},
+                                  "Sinkhorn T' (other ending)")):
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name, markersize=5, **kw)
+        for x, y, lab in pts:
+            ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6)
+    pts = compiled + same + other
+    fit_limits(ax, [p[0] for p in pts] + [1.0, MIN_SPEEDUP], [p[1] for p in pts] + [100.0])
+    ax.set_title("%s: agreement against speed-up" % teacher_title(r), fontsize=9)
+    ax.set_xlabel("speed-up over the teacher (slowest layer, asapc verify)")
+    ax.set_ylabel("agreement with teacher (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    return fig
 
 
-def curve_section(r):
+def points_outside_axes(fig):
+    """Every data point the figure draws (line vertices and markers, scatter
+    offsets) that falls outside its axes' plotting area, as (axes title, x,
+    y); [] when the figure shows all its data. Reference lines that span
+    the axes (axvline) are not data points."""
+    import numpy as np
+    fig.canvas.draw()
+    out = []
+    for ax in fig.axes:
+        box = ax.get_window_extent()
+
+        def check(xy_data, xy_display):
+            for (x, y), (u, v) in zip(xy_data, xy_display):
+                if not (np.isfinite(u) and np.isfinite(v)):
+                    if np.isfinite(x) and np.isfinite(y):
+                        out.append((ax.get_title(), float(x), float(y)))
+                    continue
+                if not (box.x0 - 0.5 <= u <= box.x1 + 0.5 and box.y0 - 0.5 <= v <= box.y1 + 0.5):
+                    out.append((ax.get_title(), float(x), float(y)))
+
+        for line in ax.get_lines():
+            if line.get_transform() != ax.transData:  # axvline / axhline: x or y in axes units
+                continue
+            xy = np.asarray(line.get_xydata(), dtype=float)
+            check(xy, line.get_transform().transform(xy))
+        for coll in ax.collections:
+            xy = np.asarray(coll.get_offsets(), dtype=float)
+            if len(xy):
+                check(xy, coll.get_offset_transform().transform(xy))
+    return out
+
+
+def save_figure(fig, path):
+    """Writes the figure as a PNG (to a temporary file, then renamed); refuses
+    a figure that draws a point outside its axes."""
+    bad = points_outside_axes(fig)
+    if bad:
+        raise RuntimeError("evaluate.py: the plot for %s would hide %d point(s) outside its axes, e.g. %r"
+                           % (path, len(bad), bad[0]))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    pyplot().close(fig)
+    return path
+
+
+def curve_section(r, image=None):
+    """The agreement-against-speed-up section; `image`: the plot's path
+    relative to the page."""
     c = r.get("curve")
     if not c:
         return []
@@ -654,9 +665,8 @@ def curve_section(r):
          "%d test examples. *Speed-up* is the slowest layer's, teacher latency over the stored "
          "operator's in the same verify run. Sinkhorn T' rows take their speed-ups from the first "
          "verify run." % c["test_examples"], ""]
-    svg = curve_svg(r)
-    if svg:
-        L += [svg, ""]
+    if image:
+        L += ["![%s: agreement against speed-up](%s)" % (teacher_title(r), image), ""]
     L += ["| compile target | stored operators | speed-up (slowest layer) | agreement | accuracy |",
           "|---|---|---:|---:|---:|"]
     for p in c["points"]:
@@ -694,8 +704,17 @@ def report(a):
         log("evaluate.py report: no result files")
         return 2
     out_dir = os.path.dirname(os.path.abspath(a.output))
-    png = os.path.join(out_dir, a.plot_name)
-    png_ok = plot(results, png) if not a.svg else None
+    # The plots: PNGs under images/ beside the page (docs/images/ for docs/results.md).
+    images = []
+    png = save_figure(passes_figure(results), os.path.join(out_dir, "images", a.plot_name))
+    images.append(png)
+    curve_png = {}
+    for r in results:
+        fig = speedup_figure(r)
+        if fig is not None:
+            curve_png[r["name"]] = save_figure(fig, os.path.join(out_dir, "images",
+                                                                 "results_speedup_%s.png" % r["name"]))
+            images.append(curve_png[r["name"]])
     m = results[0]["machine"]
     dates = sorted(r["date_utc"].replace("T", " ").rstrip("Z") for r in results)
     when = dates[0] if dates[0][:10] == dates[-1][:10] and len(dates) == 1 else \
@@ -737,12 +756,7 @@ def report(a):
     L.append("Targets are checked on the compiled default operator of the LS artifact "
              "(what `asapc compile` picks); the other rows show the alternatives.")
     L.append("")
-    if png_ok:
-        L += ["![agreement with the teacher vs log-sum-exp passes](%s)" % os.path.basename(png), ""]
-    else:
-        L += ["Agreement with the teacher vs log-sum-exp passes per layer:", ""]
-        L += svg_plot(results)
-        L.append("")
+    L += ["![agreement with the teacher vs log-sum-exp passes](images/%s)" % os.path.basename(png), ""]
     for r in results:
         L += ["## %s" % teacher_title(r), ""]
         rec = r.get("teacher_recorded_accuracy")
@@ -779,7 +793,7 @@ def report(a):
             L.append("")
         L += layer_table(r)
         L.append("")
-        L += curve_section(r)
+        L += curve_section(r, "images/" + os.path.basename(curve_png[r["name"]]) if r["name"] in curve_png else None)
         if ver:
             slow = [l["name"] for l in ver["layers"]
                     if not l.get("speedup") or l["speedup"] < MIN_SPEEDUP]
@@ -799,7 +813,7 @@ def report(a):
     text = "\n".join(L)
     with open(a.output, "w") as fh:
         fh.write(text)
-    log("wrote %s%s" % (a.output, " and %s" % png if png_ok else " (inline SVG plot)"))
+    log("wrote %s and %s" % (a.output, ", ".join(images)))
     return 0
 
 
@@ -833,8 +847,8 @@ def main(argv=None):
     g = sub.add_parser("report", help="result JSON files -> Markdown")
     g.add_argument("results", nargs="+")
     g.add_argument("-o", "--output", required=True)
-    g.add_argument("--plot-name", default="results_agreement.png")
-    g.add_argument("--svg", action="store_true", help="inline SVG plot even with matplotlib")
+    g.add_argument("--plot-name", default="results_agreement.png",
+                   help="file name of the agreement-against-passes plot, under images/ beside the output")
     g.add_argument("--missing", action="append", default=[],
                    help="a teacher that was not evaluated and why (repeatable)")
     a = p.parse_args(argv)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accuracy evaluation of issue 6: compile each available teacher (LS and
 # --fit kl), verify it, run tools/evaluate.py over its whole test split and
-# write docs/results.md (+ docs/results_agreement.png when matplotlib is installed, else an inline SVG plot).
+# write docs/results.md (+ its plots, PNGs under docs/images/, drawn with matplotlib).
 #
 #   tools/evaluate.sh [--train] [--force] [--quick] [--no-curve] [--only NAME,...] [--threads N]
 #

@@ -91,13 +91,19 @@ void require_same_start(Communicator& comm, const std::string& fields_json,
                         const std::vector<std::pair<std::string, std::string>>& object_labels,
                         const std::string& purpose);
 
+// The longest --dist-timeout: one week, in seconds (the group's timeouts
+// are milliseconds in an int64 and in c10d's options).
+constexpr double kMaxDistTimeoutS = 7 * 24 * 3600.0;
+
 // Exit code of a rank stopped because another rank failed.
 constexpr int kExitOtherRankFailed = 3;
 
 // Which calibration examples this rank reads. Examples are numbered through
 // the whole calibration set; ranks that were given the same files share
 // them evenly, and ranks given different files (machines with local shards)
-// each read their own, numbered in rank order.
+// each read their own, numbered in rank order. "The same files" means the
+// same content (calib_content_digest), whatever their paths: two machines
+// that each hold their own shard at /data/calib.h5 each read theirs in full.
 struct Shards {
   int64_t total = 0;                        // examples in the whole set (after --max-examples)
   int64_t readable_begin = 0, readable_end = 0;  // global indices held by this rank's files
@@ -108,6 +114,13 @@ struct Shards {
   // those its files hold, split into contiguous blocks among its group.
   std::vector<int64_t> mine(const std::vector<int64_t>& global) const;
 };
+// A SHA-256 (hex) of what a calibration set holds: per file in order, its
+// size and a hash of sampled bytes (the first and last MiB and 62 blocks of
+// 16 KiB spread between; all of a file up to 3 MiB), then each layer's
+// shapes and example count per file. Paths are not part of it: the same
+// file under two mount points is the same data (docs/decisions.md).
+std::string calib_content_digest(const CalibFile& calib);
+
 // Single process: everything is readable and mine. With a communicator,
 // agrees the numbering across ranks (a collective). `local_n` is the layer's
 // N in this rank's files; max_examples > 0 caps the global count.

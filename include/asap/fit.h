@@ -42,6 +42,12 @@ at::Tensor solve_ls(const LsStats& s, const std::vector<int64_t>& cols, bool per
 // pooled over heads (coef [1, |cols|] or [H, |cols|]).
 double ls_mse(const LsStats& s, const std::vector<int64_t>& cols, const at::Tensor& coef);
 
+// Held-out MSEs closer than this are a tie: 1e-9 of the held-out target's
+// mean square (the MSE of the zero map), 0 without held-out rows. Sums over
+// another split of the examples between processes move an MSE by about
+// 1e-16 of that, and an exactly representable target's MSE is all such noise.
+double ls_mse_tie(const LsStats& heldout);
+
 // The default ridge grid: 0 and 10^-8 ... 10^0.
 std::vector<double> default_ridge_grid();
 
@@ -50,7 +56,8 @@ struct RidgeChoice {
   double heldout_mse = 0;
   std::vector<double> grid, grid_mse;  // every candidate and its held-out MSE
 };
-// Picks the grid value with the lowest held-out MSE (the smallest lambda on ties).
+// Picks the grid value with the lowest held-out MSE; among values within
+// ls_mse_tie of it, the smallest lambda.
 RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols,
                          bool per_head, const std::vector<double>& grid);
 

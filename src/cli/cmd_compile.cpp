@@ -101,6 +101,14 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
                   err >= 0 ? std::to_string(err).substr(0, 7).c_str() : "-",
                   human_seconds(l["fit_time_s"].get<double>()).c_str());
     std::cout << line;
+    const auto& per_rank = l["examples_per_rank"];
+    if (per_rank.size() > 1) {  // a process group: what each rank read
+      std::string parts;
+      for (size_t r = 0; r < per_rank.size(); ++r)
+        parts += (r ? ", " : "") + std::to_string(per_rank[r].get<int64_t>());
+      std::cout << "    calibration examples: " << l["examples"].get<int64_t>() << " in total, per rank " << parts
+                << "\n";
+    }
     if (!l["decision"].get<std::string>().empty()) std::cout << "    " << l["decision"].get<std::string>() << "\n";
     if (l.contains("kl") && l["kl"].contains("skipped")) {
       std::cout << "    KL fit: " << l["kl"]["skipped"].get<std::string>() << "\n";
@@ -227,7 +235,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                          {"--max-examples", Takes::kNonNegativeInt},
                          {"--threads", Takes::kThreads},
                          {"--deploy-threads", Takes::kThreads},
-                         {"--dist-timeout", Takes::kPositive},
+                         {"--dist-timeout", Takes::kDistTimeout},
                          {"--rank", Takes::kNonNegativeInt},
                          {"--world-size", Takes::kPositiveInt}});
       apply_objective(*a);

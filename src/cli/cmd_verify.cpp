@@ -108,7 +108,7 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
                          {"--max-output-rmse", Takes::kThreshold},
                          {"--max-col-marginal-error", Takes::kThreshold},
                          {"--max-kl", Takes::kThreshold},
-                         {"--dist-timeout", Takes::kPositive},
+                         {"--dist-timeout", Takes::kDistTimeout},
                          {"--rank", Takes::kNonNegativeInt},
                          {"--world-size", Takes::kPositiveInt}});
       a->opt.time = !a->no_timing;

@@ -99,6 +99,9 @@ void require_values(CLI::App* cmd, std::initializer_list<std::pair<const char*, 
         case Takes::kPositiveInt: ok = integer && v >= 1, what = "an integer >= 1"; break;
         case Takes::kThreads: ok = integer && v >= 0 && v <= 1024, what = "0 (all cores) or a thread count up to 1024"; break;
         case Takes::kThreshold: ok = number && (v >= 0 || v == -1), what = "a finite number >= 0 (or -1: no gate)"; break;
+        case Takes::kDistTimeout:
+          ok = number && v > 0 && v <= asap::kMaxDistTimeoutS, what = "a number of seconds > 0 and at most 604800 (one week)";
+          break;
       }
       ASAP_CHECK(ok, flag, " takes ", what, ", found '", text, "'");
     }
@@ -112,7 +115,7 @@ void add_dist_options(CLI::App* c, asap::DistOptions& o) {
   c->add_option("--rank", o.rank, "this process's rank, 0..WORLD_SIZE-1 (with --dist-init tcp://...)");
   c->add_option("--world-size", o.world_size, "number of processes (with --dist-init tcp://...)");
   c->add_option("--dist-timeout", o.timeout_s,
-                "seconds within which a rank that stops or hangs ends every rank")
+                "seconds within which a rank that stops or hangs ends every rank (at most 604800, one week)")
       ->capture_default_str();
 }
 

@@ -45,7 +45,7 @@ std::string human_seconds(double s);
 // Checks of given option values after parsing (the defaults carry internal
 // sentinels such as -1 = "choose", which a user must not pass). Each refuses
 // with one sentence naming the flag, what it takes and the text given.
-enum class Takes { kNonNegative, kPositive, kNonNegativeInt, kPositiveInt, kThreads, kThreshold };
+enum class Takes { kNonNegative, kPositive, kNonNegativeInt, kPositiveInt, kThreads, kThreshold, kDistTimeout };
 void require_values(CLI::App* cmd, std::initializer_list<std::pair<const char*, Takes>> flags);
 // Refuses an option given an empty value ("--x ''" or "--x="), before parsing.
 void refuse_empty_values(int argc, char** argv);

@@ -79,13 +79,33 @@ def verify_compare_shows_both_artifacts():
     assert len(j["compare"]) == 1 and j["compare"][0]["artifact"] == other
 
 
+def operator_errors(layer):
+    """(held-out attention error, log-sum-exp passes) of every ASAP operator
+    the choice could pick: each fit at each k it was evaluated with (a
+    k-matched fit only at its k)."""
+    out = []
+    for c in layer["candidates"]:
+        for k, (err, passes) in enumerate(zip(c["heldout_attention_error_by_k"], c["lse_passes_by_k"]), start=1):
+            if err is not None and (c["target"] == "closure-ready" or k == c["target_closures"]):
+                out.append((err, passes))
+    return out
+
+
 @test
 def max_passes_bounds_the_choice():
+    binding = 0
     for budget in (1, 2, 3):
         s = compile_json(os.path.join(TMP, "p%d.asap.h5" % budget), "--max-passes", str(budget))
         for layer in s["layers"]:
             assert layer["pass_budget"] == budget
-            assert layer["chosen"]["lse_passes"] <= budget, (budget, layer["chosen"])
+            chosen = layer["chosen"]
+            assert chosen["lse_passes"] <= budget, (budget, chosen)
+            ops = operator_errors(layer)
+            within = [e for e, p in ops if p <= budget]
+            assert within and chosen["heldout_attention_error"] == min(within), (budget, chosen, min(within or [0]))
+            # The budget decides: a more accurate operator needs more passes.
+            binding += any(e < chosen["heldout_attention_error"] for e, p in ops if p > budget)
+    assert binding > 0, "no budget excluded a more accurate operator, so none was tested"
 
 
 @test
@@ -107,9 +127,12 @@ def ridge_grid_is_the_set_chosen_from():
     for layer in s["layers"]:
         for c in layer["candidates"]:
             assert c["ridge"] in (0.5, 2.0), c
+        assert layer["slice_selection"]
         for t in layer["slice_selection"]:
+            assert t["prefixes"], t
             for row in t["prefixes"]:
-                assert row.get("ridge_grid", [0.5, 2.0]) == [0.5, 2.0], row
+                assert row["ridge_grid"] == [0.5, 2.0] and row["ridge"] in (0.5, 2.0), row
+                assert len(row["ridge_grid_mse"]) == 2, row
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ listed in VALID: they must exit 0. Runs are kept cheap: 24 calibration
 examples, 4 slices, no report, and two runs at a time.
 """
 import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -49,7 +50,7 @@ VALID = {
     ("--kl-cache-mb", "99999999999999"), ("--kl-cache-mb", "1e300"), ("--kl-iters", "0"),
     ("--kl-ridge", "99999999999999"), ("--kl-ridge", "1e300"),
     ("--ridge", "99999999999999"), ("--ridge", "1e300"), ("--ridge-grid", "99999999999999"), ("--ridge-grid", "1e300"),
-    ("--deploy-batch", "99999999999999"), ("--dist-timeout", "99999999999999"), ("--dist-timeout", "1e300"),
+    ("--deploy-batch", "99999999999999"),
     ("--batch-size", "99999999999999"),
     # verify
     ("--repeats", "0"), ("--max-attention-error", "99999999999999"),
@@ -95,7 +96,7 @@ def attempt(base, flag, value, timeout=120):
         return flag, value, None if p.returncode == 1 or value == "-1" else "exit %d" % p.returncode
     if p.returncode != 2:
         return flag, value, "exit %d (expected 2): %s" % (p.returncode, p.stderr.strip()[-300:])
-    if len(p.stderr.strip().splitlines()) != 1 and len(errs) != 1:
+    if len(p.stderr.strip().splitlines()) != 1 or len(errs) != 1:
         return flag, value, "not one sentence: %r" % p.stderr[-400:]
     return flag, value, None
 
@@ -124,6 +125,58 @@ def verify_flags():
 @test
 def inspect_flags():
     sweep(INSPECT, INSPECT_FLAGS)
+
+
+def one_sentence(p):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr[-500:])
+    assert len(lines) == 1 and lines[0].startswith("asapc: error: "), p.stderr[-500:]
+    return lines[0]
+
+
+@test
+def dist_timeout_is_at_most_a_week():
+    base = without(COMPILE, "--dist-timeout")
+    ok = subprocess.run(base + ["--dist-timeout", "604800"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    for value in ("604801", "1e300"):
+        p = subprocess.run(base + ["--dist-timeout", value], capture_output=True, text=True, timeout=300)
+        line = one_sentence(p)
+        assert "--dist-timeout takes a number of seconds > 0 and at most 604800 (one week), found '%s'" % value \
+            in line, line
+
+
+def alpha_table(asap_extra):
+    """A --latency-table for --features alpha --heads-mode pooled (T = 6):
+    the teacher 6 s, Sinkhorn T' T' s, the alpha map with k closures k + extra."""
+    path = os.path.join(TMP, "alpha%g.json" % asap_extra)
+    t = {"teacher": 6.0}
+    t.update({"sinkhorn-%d" % p: float(p) for p in range(1, 6)})
+    t.update({"asap-alpha-k%d" % k: k + asap_extra for k in range(1, 6)})
+    with open(path, "w") as f:
+        json.dump({"*": t}, f)
+    return path
+
+
+@test
+def no_zero_parameter_finds_a_map_or_names_the_bar():
+    # 96 examples: enough held-out ones (19) for a choice on data.
+    base = [a for a in without(without(COMPILE, "--objective"), "--max-examples") if a != "fidelity"] + [
+        "--max-examples", "96", "--features", "alpha", "--heads-mode", "pooled", "--no-zero-parameter", "--json"]
+    p = subprocess.run(base + ["--latency-table", alpha_table(0.3)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for layer in json.loads(p.stdout)["layers"]:
+        assert layer["chosen"]["operator"] == "asap" and layer["target_met"], layer["chosen"]
+    # No map is faster than the teacher (a map of k passes takes k + 10 s).
+    p = subprocess.run(base + ["--latency-table", alpha_table(10)], capture_output=True, text=True, timeout=300)
+    line = one_sentence(p)
+    assert "no ASAP map reaches 1.25x the teacher's speed (--min-speedup), nor is any faster than the teacher" \
+        in line and "--no-zero-parameter rules out plain Sinkhorn and the teacher" in line, line
+    # No map within the error bound.
+    p = subprocess.run(base + ["--latency-table", alpha_table(0.3), "--objective", "max-error", "--max-error",
+                               "1e-9"], capture_output=True, text=True, timeout=300)
+    line = one_sentence(p)
+    assert "no ASAP map reaches held-out attention error 1e-09 (--max-error;" in line, line
 
 
 if __name__ == "__main__":

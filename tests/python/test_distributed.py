@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import Skip, run, test  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-ASAPC = os.environ.get("ASAPC", os.path.join(ROOT, "build", "asapc"))
+ASAPC = os.path.abspath(os.environ.get("ASAPC", os.path.join(ROOT, "build", "asapc")))
 NAME = os.path.join(ROOT, "calib_data", "vit_mnist_t6")
 TORCHRUN = shutil.which("torchrun") or "/usr/bin/torchrun"
 # 256 examples (51 held out) keep each compile to seconds; --no-report except
@@ -176,15 +176,139 @@ def local_shards_match_one_file():
 
 
 @test
+def same_relative_path_on_each_rank_reads_both_files():
+    """Two ranks in different working directories, each given its own
+    calib.h5 by the same relative path (machines with local shards at the
+    same path): each rank reads its whole file, and the artifact is the one a
+    single process compiles from both files."""
+    if not os.path.exists(TORCHRUN):
+        raise Skip("torchrun not installed (Debian's python3-torch ships it)")
+    dirs = [os.path.join(TMP, "node%d" % r) for r in range(2)]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    files = [os.path.join(d, "calib.h5") for d in dirs]
+    split_calib(files, [128, 128])  # the same size and shapes, different examples
+    one = os.path.join(TMP, "both1.asap.h5")
+    p = subprocess.run(compile_args(one, calib=files, extra=["--no-report"]), capture_output=True, text=True,
+                       env=env_without_launchers())
+    assert p.returncode == 0, p.stderr
+    out = os.path.join(TMP, "nodes2.asap.h5")
+    # Each rank changes into node<LOCAL_RANK> and is given --calib calib.h5.
+    in_node = os.path.join(TMP, "in_node.sh")
+    with open(in_node, "w") as f:
+        f.write('#!/bin/sh\ncd "$1$LOCAL_RANK" || exit 2\nshift\nexec "$@"\n')
+    os.chmod(in_node, 0o755)
+    argv = [TORCHRUN, "--no_python", "--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
+            "--redirects", "2", "--tee", "2", in_node, os.path.join(TMP, "node"),
+            *compile_args(out, calib=["calib.h5"], extra=["--json"])]
+    p = subprocess.run(argv, capture_output=True, text=True, env=env_without_launchers(), timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    summary = json.loads(p.stdout[p.stdout.index("{"):p.stdout.rindex("}") + 1])
+    for layer in summary["layers"]:
+        assert layer["examples_per_rank"] == [128, 128], (layer["layer"], layer["examples_per_rank"])
+        assert layer["examples"] == 256 == layer["train_examples"] + layer["heldout_examples"], layer["layer"]
+    assert_same_artifact(out, one)
+
+
+def latency_table(path):
+    """A --latency-table for every operator compile may time (T = 6): a loop
+    of p passes costs 1 + p, a map its passes plus 0.3 plus 0.01 per slice."""
+    t = {"teacher": 7.0}
+    t.update({"sinkhorn-%d" % p: 1.0 + p for p in range(1, 6)})
+    for L in (0, 1, 2, 4, 8, 16, 32, 64):
+        for extra, fp in (([], 0), (["alpha"], 0), (["alpha", "softmax"], 1), (["alpha", "softmax", "sinkhorn3"], 3)):
+            parts = (["L%d" % L] if L else []) + extra
+            if parts:
+                for k in range(1, 6):
+                    t["asap-%s-k%d" % ("+".join(parts), k)] = 1.0 + fp + k + 0.3 + 0.01 * L
+    with open(path, "w") as f:
+        json.dump({"*": t}, f)
+    return path
+
+
+TIMING = {"phase_times_s", "fit_time_s", "teacher_time_s", "latency_s", "speedup", "teacher_latency_s"}
+
+
+def fit_records(path):
+    with h5py.File(path, "r") as f:
+        out = {}
+        for key in sorted(f["layers"]):
+            v = f["layers"][key]["fit_json"][()]
+            rec = json.loads(v.decode() if hasattr(v, "decode") else v)
+            out[rec["layer"]] = rec
+        return out
+
+
+def record_differences(a, b, path=""):
+    """Where two fit records differ, apart from timings and the share of
+    each rank: the same keys, lists of the same length, the same strings
+    (speeds in sentences masked), booleans and integers; floats within 1e-5
+    relative or 1e-7 absolute (float32 kernels run on other batches)."""
+    import re
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return ["%s: keys %s" % (path, sorted(a.keys() ^ b.keys()))]
+        return [d for k in a if k not in TIMING and k != "examples_per_rank"
+                for d in record_differences(a[k], b[k], path + "/" + k)]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return ["%s: %d against %d entries" % (path, len(a), len(b))]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in record_differences(x, y, "%s[%d]" % (path, i))]
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return [] if abs(a - b) <= 1e-5 * max(abs(a), abs(b)) + 1e-7 else ["%s: %r against %r" % (path, a, b)]
+    if isinstance(a, str) and isinstance(b, str):
+        speed = re.compile(r"\d+\.\d+x")
+        a, b = speed.sub("Sx", a), speed.sub("Sx", b)
+    return [] if a == b and type(a) == type(b) else ["%s: %r against %r" % (path, a, b)]
+
+
+@test
+def one_and_two_processes_write_the_same_fit_record():
+    """Selection is deterministic under rounding: errors and MSEs that differ
+    by the summation order of 1 or 2 ranks are ties broken in a fixed order,
+    so every choice, kept prefix and flag is the same (latency from a table)."""
+    table = latency_table(os.path.join(TMP, "latency.json"))
+    base = [ASAPC, "compile", NAME + ".pt", "--spec", NAME + ".spec.json", "--calib", NAME + ".calib.h5",
+            "--max-examples", "256", "-q", "--no-report", "--latency-table", table, "--min-speedup", "1.4"]
+    one = os.path.join(TMP, "rec1.asap.h5")
+    p = subprocess.run(base + ["-o", one], capture_output=True, text=True, env=env_without_launchers())
+    assert p.returncode == 0, p.stderr
+    two = os.path.join(TMP, "rec2.asap.h5")
+    res = finish(start_ranks(lambda r: base + ["-o", two], 2))
+    for rank, (rc, _, err) in enumerate(res):
+        assert rc == 0, "rank %d exit %d: %s" % (rank, rc, err)
+    a, b = fit_records(one), fit_records(two)
+    diffs = record_differences(a, b)
+    assert not diffs, "\n".join(diffs[:20])
+    assert all(len(b[l]["examples_per_rank"]) == 2 for l in b)
+
+
+def group_store(port, timeout):
+    """A client of the group's TCPStore (rank 0 hosts it), to watch the ranks."""
+    import datetime
+    from torch.distributed import TCPStore
+    return TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+
+@test
 def killed_rank_stops_every_rank():
     out = os.path.join(TMP, "killed.asap.h5")
     timeout = 60
     # Statistics take ~4 s per rank; ASAP_DIST_VERBOSE says when a rank has joined.
     env = env_without_launchers(ASAP_TEST_BATCH_DELAY_MS="400", ASAP_DIST_VERBOSE="1")
-    procs = start_ranks(lambda r: compile_args(out, extra=["--dist-timeout", str(timeout)]), 3, env=env)
+    port = free_port()
+    procs = start_ranks(lambda r: compile_args(out, extra=["--dist-timeout", str(timeout)]), 3, env=env, port=port)
     line = procs[1].stderr.readline()
     assert "rank 1 of 3 joined" in line, line
-    time.sleep(1)
+    # Killed once its heartbeat has been seen in the store (the others then
+    # notice when it stops), and while it still computes.
+    deadline = time.time() + 30
+    store = group_store(port, 30)
+    while store.add("asapc/hb/1", 0) == 0:
+        assert time.time() < deadline, "rank 1 never beat its heartbeat"
+        assert procs[1].poll() is None, "rank 1 exited before it was killed"
+        time.sleep(0.05)
+    assert procs[1].poll() is None, "rank 1 finished before it was killed"
     procs[1].send_signal(signal.SIGKILL)
     t0 = time.time()
     for r in (0, 2):
@@ -261,9 +385,15 @@ def verify_with_two_processes_matches_one():
         assert rc == 0, "rank %d exit %d: %s" % (rank, rc, err)
     assert res[1][1].strip() == "", "rank 1 printed: " + res[1][1][:200]
     two = json.loads(res[0][1])
+    # Every layer, operator and metric of one process is in the two-process
+    # report, and nothing else (zip alone would stop at the shorter list).
+    assert [la["name"] for la in one["layers"]] == [lb["name"] for lb in two["layers"]]
     for la, lb in zip(one["layers"], two["layers"]):
         assert la["examples"] == lb["examples"] == 96
+        ops = [[(o["kind"], o["steps"]) for o in x["operators"]] for x in (la, lb)]
+        assert ops[0] == ops[1], (la["name"], ops)
         for oa, ob in zip(la["operators"], lb["operators"]):
+            assert oa["metrics"].keys() == ob["metrics"].keys(), (la["name"], oa["kind"], oa["steps"])
             for key, va in oa["metrics"].items():
                 vb = ob["metrics"][key]
                 assert abs(va - vb) <= 1e-6 * max(1.0, abs(va)), (la["name"], oa["kind"], oa["steps"], key, va, vb)

@@ -1019,6 +1019,7 @@ def test_compiled_sinkhorn_artifact_runs_everywhere():
                 close(u, w, "compiled sinkhorn %s attention %d" % (backend, i))
 
 
+@test
 def test_bench_exact_table():
     # tools/bench_pytorch.py --exact on tiny shapes: one row per shape with
     # the ratios, written between the markers of a copy of the docs page

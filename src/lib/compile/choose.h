@@ -20,7 +20,6 @@ struct OperatorCandidate {
   double error = 0;         // held-out attention relative error (teacher: 0)
   bool selectable = true;   // false: reported and timed for reference, never chosen
   double latency = -1;      // seconds per call at the deployment shape (-1: not measured)
-  double lower_bound = -1;  // seconds: what it cannot beat (Sinkhorn of equal passes)
 };
 
 struct ChoiceOptions {
@@ -30,6 +29,10 @@ struct ChoiceOptions {
   int pass_budget = 0;      // kFidelity
   int fixed_closures = 0;   // > 0: ASAP candidates only with this k
   int chunk = 6;            // candidates timed per LatencyModel call (besides the teacher)
+  // --no-zero-parameter: only ASAP maps are selectable; when none meets the
+  // objective's bar, the choice throws one sentence naming the bar instead
+  // of storing a map that misses it (or the teacher).
+  bool parametric_only = false;
 };
 
 struct Choice {

@@ -424,6 +424,7 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       co.max_error = opt.max_error;
       co.pass_budget = budget;
       co.fixed_closures = opt.closures;
+      co.parametric_only = !opt.zero_parameter_operators;
       if (opt.progress) opt.progress({s.name, "latency", 0, 1});
       ch = choose_operator(cands, s, co, *model);
       if (opt.progress) opt.progress({s.name, "latency", 1, 1});

@@ -93,12 +93,13 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       row["heldout_dual_mse"] = f.dual_mse;
       if (can_select && std::isnan(f.dual_mse)) out.nan_fits.push_back(f.name());
       // Nested prefixes: a larger one must beat every smaller one by 1% to
-      // be worth its latency. Without held-out data only the largest is kept.
+      // be worth its latency (and by more than rounding). Without held-out data only the largest is kept.
       bool keep;
       if (!can_select) {
         keep = L == counts.back();
       } else {
-        keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99);
+        // Below the tie (ls_mse_tie) a difference is rounding, not a gain.
+        keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99 - ls_mse_tie(held));
         // The paper's map keeps only its best prefix: it is the reference row, not a contender.
         if (f.reference_map && keep) kept.clear();
       }

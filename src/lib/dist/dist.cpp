@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
@@ -117,6 +119,50 @@ std::vector<int64_t> Shards::mine(const std::vector<int64_t>& global) const {
                               readable.begin() + static_cast<std::ptrdiff_t>(b));
 }
 
+std::string calib_content_digest(const CalibFile& calib) {
+  // Sampled bytes: the first and last MiB (superblock, metadata, the first
+  // and last chunks) and 62 blocks of 16 KiB evenly spread between them.
+  constexpr uint64_t kEnd = 1 << 20, kBlock = 16 << 10, kBlocks = 62;
+  std::string all;
+  for (const auto& path : calib.paths()) {
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    ASAP_CHECK(!ec, "calibration file '", path, "': cannot read its size to compare it with the other ranks' (",
+               ec.message(), ")");
+    std::ifstream in(path, std::ios::binary);
+    ASAP_CHECK(in.good(), "calibration file '", path, "' cannot be opened to compare it with the other ranks'");
+    std::string sample;
+    auto take = [&](uint64_t at, uint64_t len) {
+      if (at >= size) return;
+      len = std::min(len, size - at);
+      std::string buf(static_cast<size_t>(len), '\0');
+      in.seekg(static_cast<std::streamoff>(at));
+      in.read(buf.data(), static_cast<std::streamsize>(len));
+      ASAP_CHECK(in.gcount() == static_cast<std::streamsize>(len), "calibration file '", path,
+                 "' could not be read at byte ", at, " (", size, " bytes) to compare it with the other ranks'");
+      sample += buf;
+    };
+    if (size <= 2 * kEnd + kBlocks * kBlock) {
+      take(0, size);  // small: all of it
+    } else {
+      take(0, kEnd);
+      const uint64_t span = size - 2 * kEnd - kBlock;
+      for (uint64_t b = 0; b < kBlocks; ++b) take(kEnd + span * b / (kBlocks - 1), kBlock);
+      take(size - kEnd, kEnd);
+    }
+    all += str("file ", size, " bytes ", sha256_hex(sample.data(), sample.size()), "\n");
+  }
+  for (const auto& layer : calib.layer_names()) {
+    const auto li = calib.info(layer);
+    all += str("layer ", layer, " projected ", li.projected, " v ", li.has_v, " mask ", li.has_mask, " n ", li.n,
+               " d_model ", li.d_model, " heads ", li.heads, " head_dim ", li.head_dim, " value_dim ", li.value_dim,
+               " N");
+    for (int64_t n : calib.examples_per_file(layer)) all += str(" ", n);
+    all += "\n";
+  }
+  return sha256_hex(all.data(), all.size());
+}
+
 Shards make_shards(Communicator* comm, const CalibFile& calib, int64_t local_n, int64_t max_examples) {
   Shards sh;
   if (!comm) {
@@ -125,17 +171,23 @@ Shards make_shards(Communicator* comm, const CalibFile& calib, int64_t local_n, 
     sh.examples_per_rank = {sh.total};
     return sh;
   }
-  const int W = comm->world_size(), R = comm->rank();
-  // Which files each rank holds (a digest of their names and sizes) and how many examples.
-  std::string names;
-  for (const auto& p : calib.paths()) names += p + '\n';
-  const std::string d = sha256_hex(names.data(), names.size());
-  std::vector<double> v(static_cast<size_t>(3 * W), 0.0);
-  v[3 * R] = static_cast<double>(std::stoul(d.substr(0, 6), nullptr, 16));
-  v[3 * R + 1] = static_cast<double>(std::stoul(d.substr(6, 6), nullptr, 16));
-  v[3 * R + 2] = static_cast<double>(local_n);
-  comm->allreduce_sum(v);
-  auto same = [&](int a, int b) { return v[3 * a] == v[3 * b] && v[3 * a + 1] == v[3 * b + 1]; };
+  const int W = comm->world_size();
+  const int R = comm->rank();
+  // Which files each rank holds, by content (calib_content_digest): the same
+  // path on two machines may hold two different shards, and each must then
+  // be read in full by its own rank.
+  const auto all = comm->allgather(calib_content_digest(calib) + " " + std::to_string(local_n));
+  std::vector<std::string> digest(static_cast<size_t>(W));
+  std::vector<int64_t> count(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) {
+    const std::string& x = all[static_cast<size_t>(r)];
+    const auto sp = x.find(' ');
+    ASAP_CHECK(sp != std::string::npos, "rank ", r, " sent a malformed calibration digest '", x, "'");
+    digest[static_cast<size_t>(r)] = x.substr(0, sp);
+    count[static_cast<size_t>(r)] = std::stoll(x.substr(sp + 1));
+  }
+  auto same = [&](int a, int b) { return digest[static_cast<size_t>(a)] == digest[static_cast<size_t>(b)]; };
+  auto n_of = [&](int r) { return count[static_cast<size_t>(r)]; };
   // Groups of consecutive ranks with the same files, numbered in rank order.
   std::vector<int64_t> group_begin(static_cast<size_t>(W)), group_n(static_cast<size_t>(W));
   std::vector<int> first_of(static_cast<size_t>(W)), size_of(static_cast<size_t>(W));
@@ -146,15 +198,15 @@ Shards make_shards(Communicator* comm, const CalibFile& calib, int64_t local_n, 
     for (int later = e; later < W; ++later)
       ASAP_CHECK(!same(r, later), "ranks ", r, " and ", later, " were given the same calibration files but rank ", e,
                  " others: ranks that share files must be consecutive (docs/distributed.md)");
-    ASAP_CHECK(v[3 * r + 2] == v[3 * (e - 1) + 2], "ranks ", r, " and ", e - 1,
+    ASAP_CHECK(n_of(r) == n_of(e - 1), "ranks ", r, " and ", e - 1,
                " were given the same calibration files but see different example counts");
     for (int x = r; x < e; ++x) {
       group_begin[x] = offset;
-      group_n[x] = static_cast<int64_t>(v[3 * r + 2]);
+      group_n[x] = n_of(r);
       first_of[x] = r;
       size_of[x] = e - r;
     }
-    offset += static_cast<int64_t>(v[3 * r + 2]);
+    offset += n_of(r);
     r = e;
   }
   sh.total = max_examples > 0 ? std::min(offset, max_examples) : offset;

@@ -324,8 +324,8 @@ class GlooCommunicator final : public Communicator {
 
 std::shared_ptr<Communicator> join_process_group(const DistEnv& env, double timeout_s) {
   if (!env.distributed()) return nullptr;
-  ASAP_CHECK(timeout_s > 0 && std::isfinite(timeout_s), "--dist-timeout must be a number of seconds > 0, found ",
-             timeout_s);
+  ASAP_CHECK(timeout_s > 0 && timeout_s <= kMaxDistTimeoutS,
+             "--dist-timeout must be a number of seconds > 0 and at most 604800 (one week), found ", timeout_s);
   return std::make_shared<GlooCommunicator>(env, timeout_s);
 }
 

@@ -163,20 +163,32 @@ std::vector<double> default_ridge_grid() {
   return g;
 }
 
+double ls_mse_tie(const LsStats& heldout) {
+  if (heldout.empty()) return 0;
+  const double rows = heldout.R.sum().item<double>();
+  return rows > 0 ? 1e-9 * std::abs(heldout.c.sum().item<double>()) / rows : 0;
+}
+
 RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols,
                          bool per_head, const std::vector<double>& grid) {
   ASAP_CHECK(!grid.empty(), "ridge grid is empty");
   RidgeChoice best;
-  best.heldout_mse = std::numeric_limits<double>::infinity();
+  double low = std::numeric_limits<double>::infinity();
   for (double lam : grid) {
     const double mse = ls_mse(heldout, cols, solve_ls(train, cols, per_head, lam));
     best.grid.push_back(lam);
     best.grid_mse.push_back(mse);
-    if (mse < best.heldout_mse) {
-      best.heldout_mse = mse;
-      best.lambda = lam;
-    }
+    if (mse < low) low = mse;
   }
+  // Within rounding of the lowest: the smallest ridge, whatever the order of
+  // the grid or the rounding of the sums (1 and several processes agree).
+  const double tie = ls_mse_tie(heldout);
+  best.heldout_mse = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < grid.size(); ++i)
+    if (best.grid_mse[i] <= low + tie && (std::isinf(best.heldout_mse) || grid[i] < best.lambda)) {
+      best.heldout_mse = best.grid_mse[i];
+      best.lambda = grid[i];
+    }
   // No ridge gave a comparable error (all NaN): say so rather than report +inf.
   if (std::isinf(best.heldout_mse)) best.heldout_mse = std::numeric_limits<double>::quiet_NaN();
   return best;
