@@ -42,9 +42,24 @@ if TOOLS_DIR not in sys.path:
     sys.path.insert(0, TOOLS_DIR)
 
 FORMAT = "asapc-calib"
-VERSION = 1
+# 2: every string attribute is a fixed-length HDF5 string (docs/calibration-format.md)
+VERSION = 2
 # a module that owns one of these (child module or parameter) is an attention module
 ATTENTION_HINTS = ("to_qkv", "WQ", "in_proj_weight", "q_proj", "fc_q")
+
+
+def fixed_str(s):
+    """`s` as a fixed-length, NUL-padded HDF5 string (h5py writes a Python str
+    as a variable-length one, which asapc refuses: docs/decisions.md)."""
+    b = s.encode("utf-8")
+    return np.array(b, dtype="S%d" % max(1, len(b)))
+
+
+def is_vlen_str_attr(obj, key):
+    """True when attribute `key` of `obj` is a variable-length string (type only,
+    the data is not read)."""
+    t = obj.attrs.get_id(key).get_type()
+    return t.get_class() == h5py.h5t.STRING and t.is_variable_str()
 
 
 class RecordError(ValueError):
@@ -350,17 +365,17 @@ def record(model, layer_names, batches, out_path, mask_fn=None, chunk=64, *, cal
     done = 0
     try:
         with h5py.File(tmp_path, "w") as f:
-            f.attrs["format"] = FORMAT
+            f.attrs["format"] = fixed_str(FORMAT)
             f.attrs["version"] = np.int64(VERSION)
             for key, value in (attrs or {}).items():
-                f.attrs[key] = value
+                f.attrs[key] = fixed_str(value) if isinstance(value, str) else value
             layers = f.create_group("layers")
             # a small known total gets smaller chunks (HDF5 allocates whole chunks)
             chunk_n = max(1, min(chunk, total)) if total else chunk
             sinks = {name: _LayerSink(layers.create_group(name), chunk_n, compression)
                      for name in mods}
             for name, m in mods.items():
-                layers[name].attrs["module_class"] = type(m).__name__
+                layers[name].attrs["module_class"] = fixed_str(type(m).__name__)
             shared = True
             model.eval()
             with torch.no_grad():
@@ -429,6 +444,8 @@ def check_calib(path):
     def fail(what):
         raise RecordError("%s: %s" % (path, what))
     with h5py.File(path, "r") as f:
+        if "format" in f.attrs and is_vlen_str_attr(f, "format"):
+            fail("attribute format: expected a fixed-length string, found a variable-length one")
         fmt = f.attrs.get("format")
         if isinstance(fmt, bytes):
             fmt = fmt.decode()
