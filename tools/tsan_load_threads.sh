@@ -12,12 +12,12 @@ cd "$(dirname "$0")/.."
 mkdir -p build-tsan
 bin=build-tsan/load_threads
 hdf5_inc=$(pkg-config --cflags-only-I hdf5-serial 2>/dev/null || echo -I/usr/include/hdf5/serial)
-hdf5_libdir=$(pkg-config --variable=libdir hdf5-serial 2>/dev/null || echo /usr/lib/x86_64-linux-gnu/hdf5/serial)
+hdf5_libs=$(pkg-config --libs hdf5-serial 2>/dev/null || echo "-L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5")
 # shellcheck disable=SC2086
 ${CXX:-g++} -std=gnu++17 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -DHDF_NO_NAMESPACE -DNO_STATIC_CAST \
   -DOLD_HEADER_FILENAME -Iinclude -Isrc/lib $hdf5_inc \
   tests/tsan/load_threads.cpp src/lib/io/h5util.cpp src/lib/util/atomic_file.cpp -o "$bin" \
-  -L"$hdf5_libdir" -lhdf5_cpp -lhdf5 -ltorch_cpu -lc10 -lpthread
+  -lhdf5_serial_cpp $hdf5_libs -ltorch_cpu -lc10 -lpthread
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 head -c 9000 fuzz/corpus/artifact/two_layers.h5 > "$tmp/cut.h5"

@@ -11,6 +11,7 @@
 //
 //   load_threads FILE...
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <atomic>
 #include <cstdio>
