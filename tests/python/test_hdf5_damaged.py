@@ -117,6 +117,13 @@ def h4_vlen_attribute_heap_hang():
         "compile --calib": FOREIGN})
 
 
+@test
+def h5_damaged_object_header_leak():
+    # Found by fuzz_artifact -seed=1 (2026-11-25): H5Oget_info_by_name leaks on
+    # a damaged object header, and HDF5 used to print at exit.
+    refused_in_one_sentence(os.path.join(KNOWN, "artifact", "H5O_get_info-leak-damaged-header.h5"))
+
+
 def fresh_artifact():
     """A valid format-4 artifact: the fuzz seed two_layers.h5 (fuzz/make_corpus.py)."""
     p, _ = asapc("inspect", os.path.join(CORPUS, "artifact", "two_layers.h5"))

@@ -87,7 +87,8 @@ def is_hdf5(frame):
 
 
 def function_of(frame):
-    """'H5HG_read' from 'H5HG_read (/usr/lib/.../libhdf5_serial.so.103+0x...)'."""
+    """'H5HG_read' from 'H5HG_read (/usr/lib/.../libhdf5_serial.so.103+0x...)';
+    '' for an unnamed frame '(/usr/lib/...+0x...)'."""
     return frame.split(" ", 1)[0].split("(", 1)[0]
 
 
@@ -132,7 +133,16 @@ def blame(log, root, known):
                     kind, function_of(first) if first else "an uninstrumented library", fr)
     if first is None:
         return "unlisted", "%s with no HDF5 or asapc frame on the crash stack" % kind
-    fn = function_of(first)
+    # The innermost HDF5 frame with a name: static functions of the
+    # uninstrumented library have none, and the exported caller above them
+    # is what the list names.
+    fn = ""
+    for fr in crash[crash.index(first):]:
+        if is_asapc(fr, root):
+            break
+        if is_hdf5(fr) and function_of(fr):
+            fn = function_of(fr)
+            break
     for kfn, kkind, label in known:
         if kfn == fn and kkind == kind:
             return "excused", "known HDF5-internal %s in %s (%s, docs/reliability.md)" % (kind, fn, label)

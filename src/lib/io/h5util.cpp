@@ -42,7 +42,43 @@ herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
   return 0;
 }
 
+// HDF5 1.10 keeps internal objects after some failures on damaged files (a
+// damaged root group in H5Fopen, docs/reliability.md H1; a damaged object
+// header, H5). When it closes the library at exit it then prints "HDF5:
+// infinite loop closing library" and a line of internal codes to stderr,
+// after asapc's own one-sentence error. HDF5's close is an atexit handler
+// registered when the library started; this one, registered by the error
+// callback the first time HDF5 reports an error, runs before it (atexit is
+// last in, first out) and points stderr at /dev/null, when everything the
+// program had to say has been said. Runs without an HDF5 error never
+// register it. Not in sanitizer
+// builds: LeakSanitizer reports at exit after this handler, on stderr.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ASAP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define ASAP_SANITIZED 1
+#endif
+#endif
+void silence_hdf5_at_exit() {
+#ifdef ASAP_SANITIZED
+  return;
+#endif
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit([] {
+      std::fflush(stderr);
+      const int fd = ::open("/dev/null", O_WRONLY);
+      if (fd >= 0) {
+        ::dup2(fd, 2);
+        ::close(fd);
+      }
+    });
+  });
+}
+
 herr_t capture_cb(hid_t stack, void*) {
+  silence_hdf5_at_exit();
   std::string msg;
   H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk_cb, &msg);
   last_message() = msg;
@@ -226,41 +262,6 @@ void rethrow(const H5::Exception& e, const Where& w, const std::string& what) {
   last_message().clear();
   throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while ", what, ": ", detail));
 }
-
-namespace {
-// HDF5 1.10 keeps the internal objects of a file whose H5Fopen failed half-way
-// (a damaged root group: docs/reliability.md, H1). When it closes the library
-// at exit it then prints "HDF5: infinite loop closing library" and a line of
-// internal codes to stderr, after asapc's own one-sentence error. HDF5's
-// close is an atexit handler registered when the library started; this one,
-// registered after the first failed open, runs before it (atexit is last in,
-// first out) and points stderr at /dev/null, when everything the program had
-// to say has been said. Normal runs never register it. Not in sanitizer
-// builds: LeakSanitizer reports at exit after this handler, on stderr.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define ASAP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define ASAP_SANITIZED 1
-#endif
-#endif
-void silence_hdf5_at_exit() {
-#ifdef ASAP_SANITIZED
-  return;
-#endif
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::atexit([] {
-      std::fflush(stderr);
-      const int fd = ::open("/dev/null", O_WRONLY);
-      if (fd >= 0) {
-        ::dup2(fd, 2);
-        ::close(fd);
-      }
-    });
-  });
-}
-}  // namespace
 
 H5::H5File open_file(const std::string& path, const Where& w, bool rdwr) {
   quiet();
