@@ -3,14 +3,17 @@
 #include <ATen/core/Tensor.h>
 
 #include "asap/artifact.h"
+#include <H5public.h>
+
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static asap_fuzz::InputFile file(".asap.h5");
-  const std::string& path = file.write(data, size);
+  const asap_fuzz::InputFile file(data, size, ".asap.h5");  // a fresh path per input
+  const std::string& path = file.path();
   asap_fuzz::expect_load_or_refuse("fuzz_artifact", [&] {
     asap::Artifact a = asap::read_artifact(path);
     for (const auto& L : a.layers) (void)L.describe();
   });
+  H5garbage_collect();  // free HDF5's free lists: no state carried to the next input
   return 0;
 }

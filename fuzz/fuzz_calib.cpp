@@ -5,11 +5,13 @@
 #include <algorithm>
 
 #include "asap/calib.h"
+#include <H5public.h>
+
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static asap_fuzz::InputFile file(".h5");
-  const std::string& path = file.write(data, size);
+  const asap_fuzz::InputFile file(data, size, ".h5");  // a fresh path per input
+  const std::string& path = file.path();
   asap_fuzz::expect_load_or_refuse("fuzz_calib", [&] {
     asap::CalibFile cf(path);
     for (const std::string& name : cf.layer_names()) {
@@ -23,5 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   });
+  H5garbage_collect();  // free HDF5's free lists: no state carried to the next input
   return 0;
 }

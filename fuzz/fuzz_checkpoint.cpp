@@ -6,8 +6,8 @@
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static asap_fuzz::InputFile file(".pt");
-  const std::string& path = file.write(data, size);
+  const asap_fuzz::InputFile file(data, size, ".pt");  // a fresh path per input
+  const std::string& path = file.path();
   asap_fuzz::expect_load_or_refuse("fuzz_checkpoint", [&] {
     asap::Checkpoint ck = asap::load_checkpoint(path);
     // Touch every tensor: sizes and bytes must be what the loader promised.

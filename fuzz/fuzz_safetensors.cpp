@@ -13,8 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& e : entries)
       if (e.begin > e.end || e.end > size) std::abort();  // the parser promises in-bounds offsets
   });
-  static asap_fuzz::InputFile file(".safetensors");
-  const std::string& path = file.write(data, size);
+  const asap_fuzz::InputFile file(data, size, ".safetensors");  // a fresh path per input
+  const std::string& path = file.path();
   asap_fuzz::expect_load_or_refuse("fuzz_safetensors", [&] {
     asap::Checkpoint ck = asap::load_checkpoint(path);
     for (const auto& name : ck.names) (void)ck.get(name).numel();

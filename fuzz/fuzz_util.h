@@ -1,9 +1,13 @@
 // fuzz/fuzz_util.h -- shared by the libFuzzer targets (docs/reliability.md).
 //
-// The readers under test take a path, so each input is written to one
-// per-process temporary file (in $ASAP_FUZZ_TMPDIR, else /dev/shm when it
-// exists, else $TMPDIR or /tmp), overwritten for every input and removed at
-// exit.
+// The readers under test take a path, so each input is written to a fresh
+// temporary file (in $ASAP_FUZZ_TMPDIR, else /dev/shm when it exists, else
+// $TMPDIR or /tmp) with a new name for every input, removed after the input
+// ran. After each input the HDF5 targets call H5garbage_collect(), and every
+// file and object the reader opened has been closed, so no HDF5 cache, free
+// list or global heap carries state from one input to the next: a crash then
+// depends on its input alone and reproduces in a fresh process (issue 28,
+// item 3).
 //
 // The contract fuzzed: any input either loads or throws asap::Error (one
 // sentence for the user). Any other exception -- c10::Error, std::bad_alloc,
@@ -34,22 +38,26 @@ inline std::string temp_dir() {
   return t && *t ? t : "/tmp";
 }
 
+// One input's file: a new path for every input (pid and a per-process
+// counter), so neither the path nor the inode of a previous input is reused;
+// removed when the input is done.
 class InputFile {
  public:
-  explicit InputFile(const char* suffix)
-      : path_(temp_dir() + "/asap-fuzz-" + std::to_string(getpid()) + suffix) {}
-  ~InputFile() { std::remove(path_.c_str()); }
-  // Writes the input and returns the path.
-  const std::string& write(const uint8_t* data, size_t size) {
-    FILE* f = std::fopen(path_.c_str(), "wb");
+  InputFile(const uint8_t* data, size_t size, const char* suffix) {
+    static unsigned long long counter = 0;
+    path_ = temp_dir() + "/asap-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + suffix;
+    FILE* f = std::fopen(path_.c_str(), "wbx");  // x: never an existing file
     if (!f) {
       std::perror(path_.c_str());
       std::abort();
     }
     if (size && std::fwrite(data, 1, size, f) != size) std::abort();
     std::fclose(f);
-    return path_;
   }
+  ~InputFile() { std::remove(path_.c_str()); }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

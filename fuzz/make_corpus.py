@@ -24,6 +24,22 @@ CORPUS = os.path.join(ROOT, "fuzz", "corpus")
 DATA = os.path.join(ROOT, "tests", "data")
 
 
+def fs(v, vlen=False):
+    """A string attribute value: fixed-length (what asapc writes since artifact
+    format 4 / calibration version 2), or h5py's variable-length str."""
+    if vlen:
+        return v
+    b = v.encode()
+    return np.array(b, dtype="S%d" % max(1, len(b)))
+
+
+def fs_list(vs, vlen=False):
+    if vlen:
+        return list(vs)
+    w = max([1] + [len(v.encode()) for v in vs])
+    return np.array([v.encode() for v in vs], dtype="S%d" % w)
+
+
 def out(target, name):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
@@ -107,9 +123,9 @@ copy("calib", os.path.join(DATA, "fixtures", "text_calib.h5"))
 rng = np.random.default_rng(3)
 
 
-def calib(name, fill, fmt="asapc-calib", version=1):
+def calib(name, fill, fmt="asapc-calib", version=2, vlen=False):
     with h5py.File(out("calib", name), "w") as f:
-        f.attrs["format"] = fmt
+        f.attrs["format"] = fs(fmt, vlen)
         f.attrs["version"] = version
         fill(f)
 
@@ -140,6 +156,8 @@ calib("bad_mask.h5",
       lambda f: (x_layer(f, np.zeros((2, 3, 4), np.float32)),
                  f["layers/l0"].create_dataset("mask", data=np.array([[2, 1, 0], [0, 0, 0]], np.uint8))))
 calib("wrong_format.h5", lambda f: x_layer(f, np.zeros((1, 2, 2), np.float32)), fmt="asapc-artifact")
+# Version 1 with h5py's variable-length 'format': refused before any string is read.
+calib("legacy_vlen_v1.h5", lambda f: x_layer(f, np.zeros((1, 2, 2), np.float32)), version=1, vlen=True)
 
 
 def unwritten(f):
@@ -172,40 +190,40 @@ def unit_columns(rows, cols):
 
 
 def layer(g, name, *, layout="none", heads=2, head_dim=3, value_dim=3, d_model=0, slices=0, features=("alpha",),
-          per_head=0, theta=None, coef=None, weights=None, operator=None, sinkhorn_steps=None, T=4):
+          per_head=0, theta=None, coef=None, weights=None, operator=None, sinkhorn_steps=None, T=4, vlen=False):
     s = dict(name=name, layout=layout, qkv_weight="", qkv_bias="", qkv_order="qkv", q_weight="", q_bias="",
              k_weight="", k_bias="", v_weight="", v_bias="", out_weight="", out_bias="", head_layout="(h d)",
              mask="keep_queries", ending="column" if T % 2 == 0 else "row")
     for k, v in s.items():
-        g.attrs[k] = v
+        g.attrs[k] = fs(v, vlen)
     for k, v in dict(d_model=d_model, heads=heads, head_dim=head_dim, value_dim=value_dim, T=T, multiply_by_n=1,
                      slices=slices, per_head=per_head, default_closures=1).items():
         g.attrs[k] = np.int64(v)
     g.attrs["score_scale"] = 1.0 / np.sqrt(head_dim)
     g.attrs["eps"] = 1.0
-    g.attrs["features"] = list(features)
+    g.attrs["features"] = fs_list(features, vlen)
     if operator:
-        g.attrs["operator"] = operator
+        g.attrs["operator"] = fs(operator, vlen)
     if sinkhorn_steps:
         g.attrs["sinkhorn_steps"] = np.int64(sinkhorn_steps)
     cols = slices + sum(f != "sliced_potential" for f in features)
     g.create_dataset("theta", data=unit_columns(head_dim, max(slices, 2)) if theta is None else theta)
     g.create_dataset("coef", data=rng.standard_normal((heads if per_head else 1, cols)) if coef is None else coef)
-    g["fit_json"] = '{"note": "fuzz seed"}'
+    g["fit_json"] = fs('{"note": "fuzz seed"}', vlen)
     if weights:
         w = g.create_group("weights")
         for k, v in weights.items():
             w.create_dataset(k, data=v)
 
 
-def artifact(name, fill, version=3):
+def artifact(name, fill, version=4, vlen=False):
     with h5py.File(out("artifact", name), "w") as f:
-        f.attrs["format"] = "asapc-artifact"
+        f.attrs["format"] = fs("asapc-artifact", vlen)
         f.attrs["format_version"] = np.int64(version)
-        f.attrs["asapc_version"] = "0.1.0"
-        f.attrs["teacher_sha256"] = "a" * 64
-        f.attrs["teacher_file"] = "teacher.pt"
-        f.attrs["created_utc"] = "2024-05-01T12:00:00Z"
+        f.attrs["asapc_version"] = fs("0.1.0", vlen)
+        f.attrs["teacher_sha256"] = fs("a" * 64, vlen)
+        f.attrs["teacher_file"] = fs("teacher.pt", vlen)
+        f.attrs["created_utc"] = fs("2024-05-01T12:00:00Z", vlen)
         n = fill(f.create_group("layers", track_order=True))
         f.attrs["num_layers"] = np.int64(n)
 
@@ -225,6 +243,9 @@ def two_layers(f):
 
 
 artifact("two_layers.h5", two_layers)
+# A format-3 file as asapc wrote it before version 4 (variable-length strings):
+# refused before any string is read.
+artifact("legacy_vlen_v3.h5", lambda f: (layer(f.create_group("0000"), "x", vlen=True), 1)[-1], version=3, vlen=True)
 artifact("sinkhorn_teacher_v3.h5", lambda f: (
     layer(f.create_group("0"), "a", features=(), operator="sinkhorn", sinkhorn_steps=2, coef=np.zeros((1, 0))),
     layer(f.create_group("1"), "b", features=(), operator="teacher", coef=np.zeros((1, 0))), 2)[-1])

@@ -176,7 +176,7 @@ TEST_CASE("artifact: round trip preserves every field and tensor") {
   CHECK(tmp.entries() == std::vector<std::string>{"a.h5"});
 
   asap::Artifact back = asap::read_artifact(path);
-  CHECK(back.format_version == 1);  // nothing in it needs version 2
+  CHECK(back.format_version == 4);  // every file is written as version 4 (fixed-length strings)
   CHECK(back.asapc_version == art.asapc_version);
   CHECK(back.teacher_sha256 == art.teacher_sha256);
   CHECK(back.teacher_file == art.teacher_file);
@@ -214,7 +214,7 @@ TEST_CASE("artifact: on-disk layout matches docs/artifact-format.md") {
   H5::H5File f(path, H5F_ACC_RDONLY);
   h5::Where w = where_of(path);
   CHECK(h5::read_string_attr(f, "format", w) == "asapc-artifact");
-  CHECK(h5::read_int_attr(f, "format_version", w) == 1);
+  CHECK(h5::read_int_attr(f, "format_version", w) == 4);
   CHECK(h5::read_int_attr(f, "num_layers", w) == 2);
   CHECK(h5::read_string_attr(f, "teacher_file", w) == "teacher.pt");
   H5::Group layers = f.openGroup("layers");
@@ -272,7 +272,7 @@ TEST_CASE("artifact: corrupt - future version") {
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 7, where_of(path)); });
-  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 3");
+  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 4");
 }
 
 TEST_CASE("artifact: corrupt - missing coef dataset") {
@@ -321,7 +321,7 @@ TEST_CASE("artifact: corrupt - truncated file") {
     std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   }
   std::string msg = read_error(cut);
-  CHECK(contains(msg, "artifact '" + cut + "': cannot open as HDF5 (damaged or truncated?)"));
+  CHECK(contains(msg, "artifact '" + cut + "' is a damaged or truncated HDF5 file: HDF5 cannot open it ("));
   CHECK(contains(msg, "truncated"));
 }
 
@@ -497,7 +497,7 @@ TEST_CASE("artifact: the sinkhorn_dual3 group round trips as format version 2 an
   L.coef = at::randn({L.coef.size(0), L.family.num_columns()}, at::kDouble);
   asap::write_artifact(path, art);
   auto back = asap::read_artifact(path);
-  CHECK(back.format_version == 2);
+  CHECK(back.format_version == 4);
   CHECK(back.layers[0].family == L.family);
   CHECK(back.layers[0].family.name().find("sinkhorn3") != std::string::npos);
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 1, where_of(path)); });
@@ -522,7 +522,7 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       const auto& B = back.layers[1];
       CHECK(B.family == L.family);
       CHECK(B.per_head == per_head);
-      CHECK(back.format_version == (fam >= 3 ? 2 : 1));
+      CHECK(back.format_version == 4);
       at::manual_seed(5);
       auto q = at::randn({2, L.spec.heads, 9, L.spec.head_dim}), k = at::randn({2, L.spec.heads, 9, L.spec.head_dim});
       auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});
@@ -545,7 +545,7 @@ TEST_CASE("artifact: Sinkhorn and teacher operators round trip as format version
     const std::string path = tmp.file(std::string(asap::operator_kind_name(kind)) + ".h5");
     asap::write_artifact(path, art);
     auto back = asap::read_artifact(path);
-    CHECK(back.format_version == 3);
+    CHECK(back.format_version == 4);
     const auto& B = back.layers[1];
     CHECK(B.kind == kind);
     CHECK(B.sinkhorn_steps == L.sinkhorn_steps);

@@ -249,9 +249,9 @@ TEST_CASE("calib: future version is refused naming both versions") {
   const std::string path = tmp.file("c.h5");
   Sample s = make_sample(8, 4);
   asap::write_calib(path, s.layers);
-  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_int_attr(f, "version", 2, where_of(path)); });
+  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_int_attr(f, "version", 3, where_of(path)); });
   CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
-        "calibration file '" + path + "' has version 2 but this asapc reads version 1; upgrade asapc");
+        "calibration file '" + path + "' has version 3 but this asapc reads versions 1 to 2; upgrade asapc");
   edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_int_attr(f, "version", 0, where_of(path)); });
   CHECK(contains(error_of([&] { asap::CalibFile cf(path); }), "has invalid version 0"));
   edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_string_attr(f, "version", "1", where_of(path)); });

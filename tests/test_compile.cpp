@@ -526,7 +526,7 @@ TEST_CASE("compile: a layer where plain Sinkhorn wins stores it, it round-trips 
   }
   asap::write_artifact(dir / "s.h5", r.artifact);
   auto back = asap::CompiledModel::load(dir / "s.h5");
-  CHECK(back->artifact().format_version == 3);
+  CHECK(back->artifact().format_version == 4);
   at::manual_seed(4);
   auto q = at::randn({2, 2, 17, 16}), k = at::randn({2, 2, 17, 16}), v = at::randn({2, 2, 17, 16});
   for (const auto& L : back->artifact().layers) {

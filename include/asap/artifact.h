@@ -30,7 +30,14 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 //        instead of an ASAP map; such layers have no feature columns.
 //        Files whose layers are all ASAP maps keep the oldest version that
 //        can express them.
-constexpr int kArtifactVersion = 3;
+//   4 -- every string (attributes, "fit_json") is a fixed-length HDF5 string,
+//        never variable-length, so no reader follows pointers into HDF5's
+//        global heap (issue 28). Every file is written as version 4. Files
+//        of versions 1-3 hold variable-length strings and are refused with
+//        how to convert them (tools/h5_fixed_strings.py) or compile again;
+//        see docs/decisions.md.
+constexpr int kArtifactVersion = 4;
+constexpr int kArtifactFixedStringsSince = 4;
 constexpr int kArtifactOldestReadable = 1;
 
 // Which columns the feature matrix Psi holds, in this fixed order:
@@ -102,6 +109,10 @@ Artifact read_artifact(const std::string& path);
 
 namespace asap {
 // The root 'format' attribute of an HDF5 file ("asapc-artifact",
-// "asapc-calib", ...); "" when the file is not HDF5 or has none.
+// "asapc-calib", ...); "" when the file does not start with the HDF5
+// signature or has no such attribute. Throws asap::Error (one sentence) for
+// a damaged HDF5 file or an unreadable 'format'. A variable-length 'format'
+// is not read: the file is taken for an artifact when it has 'format_version'
+// and for a calibration file when it has 'version', whose readers refuse it.
 std::string hdf5_format_of(const std::string& path);
 }  // namespace asap

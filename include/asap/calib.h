@@ -15,7 +15,12 @@
 namespace asap {
 
 constexpr const char* kCalibFormat = "asapc-calib";
-constexpr int kCalibVersion = 1;
+// Version history: 1 -- first version (h5py's variable-length strings);
+// 2 -- the root attribute "format" (and every other string) is a fixed-length
+// string (issue 28). Version-1 files are refused with how to convert them
+// (tools/h5_fixed_strings.py); docs/decisions.md.
+constexpr int kCalibVersion = 2;
+constexpr int kCalibFixedStringsSince = 2;
 
 struct CalibBatch {
   int64_t start = 0;  // index of the first example in the file

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 FORMAT = "asapc-artifact"
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 OPERATOR_KINDS = ("asap", "sinkhorn", "teacher")
 FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3")
 

@@ -279,7 +279,11 @@ def record_vit_equals_direct_forward():
         with torch.no_grad():
             want = direct_vit_inputs(model, imgs)
         with h5py.File(path, "r") as f:
-            assert f.attrs["format"] == "asapc-calib" and int(f.attrs["version"]) == 1
+            # fixed-length strings (version 2): h5py reads them as bytes
+            assert f.attrs["format"] == b"asapc-calib" and int(f.attrs["version"]) == 2
+            assert not rc.is_vlen_str_attr(f, "format")
+            for name in names:
+                assert not rc.is_vlen_str_attr(f["layers"][name], "module_class")
             assert "mask" not in f
             for name, w in zip(names, want):
                 ds = f["layers"][name]["x"]
@@ -383,10 +387,11 @@ def record_failure_leaves_no_file():
 @test
 def check_calib_rejects_bad_files():
     with tempfile.TemporaryDirectory() as d:
-        def make(fmt="asapc-calib", version=1, both=False, mask=None):
+        def make(fmt="asapc-calib", version=2, both=False, mask=None, vlen=False):
             p = os.path.join(d, "bad.h5")
             with h5py.File(p, "w") as f:
-                f.attrs["format"], f.attrs["version"] = fmt, version
+                f.attrs["format"] = fmt if vlen else rc.fixed_str(fmt)
+                f.attrs["version"] = version
                 g = f.create_group("layers/a")
                 g["x"] = np.zeros((2, 3, 4), np.float32)
                 if both:
@@ -404,7 +409,9 @@ def check_calib_rejects_bad_files():
                 raise AssertionError("accepted: " + text)
         assert rc.check_calib(make()) == {"a": (2, 3)}
         refused(make(fmt="other"), "format")
-        refused(make(version=2), "version")
+        refused(make(version=1), "version")
+        refused(make(version=3), "version")
+        refused(make(vlen=True), "variable-length")
         refused(make(both=True), "either x or q+k")
         refused(make(mask=np.ones((2, 4), np.uint8)), "mask shape")
         refused(make(mask=np.array([[1, 1, 0], [0, 0, 0]], np.uint8)), "example 1 has no token")

@@ -773,7 +773,7 @@ def test_teacher_op_errors():
 # operator kinds in the artifact (format_version 3)
 # --------------------------------------------------------------------------
 
-def kind_artifact(src, name, kinds, version=3):
+def kind_artifact(src, name, kinds, version=4):
     """A copy of the compiled artifact `src` whose layer i is kinds[i]:
     'asap' (unchanged), 'teacher', or an int T' (a 'sinkhorn' layer),
     written with h5py as docs/artifact-format.md says."""
@@ -785,7 +785,8 @@ def kind_artifact(src, name, kinds, version=3):
             if kind == "asap":
                 continue
             g = f["layers"][key]
-            g.attrs["operator"] = "teacher" if kind == "teacher" else "sinkhorn"
+            # fixed-length strings, as asapc writes (format_version 4)
+            g.attrs["operator"] = np.bytes_(b"teacher" if kind == "teacher" else b"sinkhorn")
             if kind != "teacher":
                 g.attrs["sinkhorn_steps"] = np.int64(kind)
             # an empty list of fixed-length strings (the format accepts both kinds)
@@ -840,7 +841,7 @@ def _steps(kind, T):
 def test_kinds_read_and_info():
     for name, (path, src, kinds) in kind_artifacts().items():
         root, params = asap_torch.read_artifact(path)
-        assert root["format_version"] == 3
+        assert root["format_version"] == 4
         for p, kind in zip(params, kinds):
             want_op = kind if kind in ("asap", "teacher") else "sinkhorn"
             assert p.operator == want_op, (name, p.name, p.operator)

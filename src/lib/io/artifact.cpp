@@ -538,13 +538,8 @@ void write_artifact(const std::string& path, const Artifact& art) {
   h5::Where root{fd, "/"};
   h5::write_atomically(path, root, [&](H5::H5File& f) {
     h5::write_string_attr(f, "format", kArtifactFormat, root);
-    // The oldest version that can express the file, so older readers keep working.
-    int version = 1;
-    for (const auto& l : art.layers)
-      if (l.family.sinkhorn_dual3) version = std::max(version, 2);
-    for (const auto& l : art.layers)
-      if (l.kind != OperatorKind::kAsap) version = std::max(version, 3);
-    h5::write_int_attr(f, "format_version", version, root);
+    // Fixed-length strings (version 4) cannot be expressed by an older version.
+    h5::write_int_attr(f, "format_version", kArtifactVersion, root);
     h5::write_string_attr(f, "asapc_version", art.asapc_version.empty() ? ASAP_VERSION_STRING : art.asapc_version,
                           root);
     h5::write_string_attr(f, "teacher_sha256", art.teacher_sha256, root);
@@ -570,6 +565,7 @@ Artifact read_artifact(const std::string& path) {
 
   ASAP_CHECK(h5::has_attr(f, "format"), fd, " is not an asapc artifact: root attribute 'format' is missing (expected '",
              kArtifactFormat, "')");
+  h5::refuse_vlen_root(f, root, "format_version", kArtifactFixedStringsSince, path, "compile it again");
   std::string format = h5::read_string_attr(f, "format", root);
   ASAP_CHECK(format == kArtifactFormat, fd, " is not an asapc artifact: root attribute 'format' is '", format,
              "', expected '", kArtifactFormat, "'");

@@ -89,12 +89,14 @@ std::unique_ptr<Part> open_part(const std::string& path) {
   ASAP_CHECK(h5::has_attr(f, "format"), fd,
              " is not an asapc calibration file: root attribute 'format' is missing (expected '",
              kCalibFormat, "')");
+  h5::refuse_vlen_root(f, root, "version", kCalibFixedStringsSince, path,
+                       "record it again with tools/record_calib.py");
   std::string format = h5::read_string_attr(f, "format", root);
   ASAP_CHECK(format == kCalibFormat, fd, " is not an asapc calibration file: root attribute 'format' is '",
              format, "', expected '", kCalibFormat, "'");
   int64_t version = h5::read_int_attr(f, "version", root);
   ASAP_CHECK(version >= 1, fd, " has invalid version ", version, " (versions start at 1)");
-  ASAP_CHECK(version <= kCalibVersion, fd, " has version ", version, " but this asapc reads version ",
+  ASAP_CHECK(version <= kCalibVersion, fd, " has version ", version, " but this asapc reads versions 1 to ",
              kCalibVersion, "; upgrade asapc");
 
   // Shared root mask.

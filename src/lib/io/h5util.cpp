@@ -10,22 +10,29 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 namespace asap::detail::h5 {
 
 namespace {
 
-// The innermost message of the last failed HDF5 call. HDF5 clears its error
-// stack on the next API call (C++ destructors run during unwinding make such
-// calls), so the detail is captured when the error is raised, by the
-// automatic-error callback that would otherwise print it.
+// The innermost message of the last failed HDF5 call on this thread. HDF5
+// clears its error stack on the next API call (C++ destructors run during
+// unwinding make such calls), so the detail is captured when the error is
+// raised, by the automatic-error callback that would otherwise print it.
+// Per thread: HDF5 (thread-safe build) keeps its error stacks and automatic
+// error callbacks per thread, and loads on different threads must not race
+// on one string (issue 28, item 5).
 std::string& last_message() {
-  static std::string msg;
+  thread_local std::string msg;
   return msg;
 }
 
@@ -35,7 +42,43 @@ herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
   return 0;
 }
 
+// HDF5 1.10 keeps internal objects after some failures on damaged files (a
+// damaged root group in H5Fopen, docs/reliability.md H1; a damaged object
+// header, H5). When it closes the library at exit it then prints "HDF5:
+// infinite loop closing library" and a line of internal codes to stderr,
+// after asapc's own one-sentence error. HDF5's close is an atexit handler
+// registered when the library started; this one, registered by the error
+// callback the first time HDF5 reports an error, runs before it (atexit is
+// last in, first out) and points stderr at /dev/null, when everything the
+// program had to say has been said. Runs without an HDF5 error never
+// register it. Not in sanitizer
+// builds: LeakSanitizer reports at exit after this handler, on stderr.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ASAP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define ASAP_SANITIZED 1
+#endif
+#endif
+void silence_hdf5_at_exit() {
+#ifdef ASAP_SANITIZED
+  return;
+#endif
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit([] {
+      std::fflush(stderr);
+      const int fd = ::open("/dev/null", O_WRONLY);
+      if (fd >= 0) {
+        ::dup2(fd, 2);
+        ::close(fd);
+      }
+    });
+  });
+}
+
 herr_t capture_cb(hid_t stack, void*) {
+  silence_hdf5_at_exit();
   std::string msg;
   H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk_cb, &msg);
   last_message() = msg;
@@ -96,16 +139,22 @@ std::string trim_fixed(const char* p, size_t size, H5T_str_t pad) {
   return s;
 }
 
-std::vector<std::string> read_strings(const H5::Attribute& a, size_t n) {
+// One sentence refusing a variable-length string. Reading one makes HDF5
+// follow a pointer into the file's global heap, and HDF5 1.10 crashes, hangs
+// or allocates gigabytes when that heap is damaged (docs/reliability.md,
+// H2-H4), so asapc never reads them: the check is on the type alone, before
+// any data is read.
+[[noreturn]] void refuse_vlen(const std::string& what, const Where& w) {
+  throw Error(asap::str(w.file, ": ", what,
+                        " is a variable-length string, which asapc does not read (it writes fixed-length strings; "
+                        "docs/decisions.md, \"Strings without the global heap\")"));
+}
+
+std::vector<std::string> read_strings(const H5::Attribute& a, size_t n, const std::string& name, const Where& w) {
   H5::StrType st = a.getStrType();
   std::vector<std::string> out;
   if (st.isVariableStr()) {
-    std::vector<char*> ptrs(n, nullptr);
-    a.read(st, ptrs.data());
-    for (char* p : ptrs) {
-      out.emplace_back(p ? p : "");
-      if (p) H5free_memory(p);
-    }
+    refuse_vlen(attr_name(name, w), w);
   } else {
     size_t size = st.getSize();
     size_t total = 0;
@@ -121,9 +170,11 @@ std::vector<std::string> read_strings(const H5::Attribute& a, size_t n) {
   return out;
 }
 
-H5::StrType vl_string_type() {
-  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+// Fixed-length UTF-8, NUL-padded, of `size` bytes (HDF5 needs at least 1).
+H5::StrType fixed_string_type(size_t size) {
+  H5::StrType t(H5::PredType::C_S1, std::max<size_t>(size, 1));
   t.setCset(H5T_CSET_UTF8);
+  t.setStrpad(H5T_STR_NULLPAD);
   return t;
 }
 
@@ -194,12 +245,15 @@ Where Where::child(const std::string& name) const {
 }
 
 void quiet() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    H5::Exception::dontPrint();
-    // Print nothing, but keep the innermost message for our asap::Error.
-    H5Eset_auto2(H5E_DEFAULT, capture_cb, nullptr);
-  });
+  // Once per thread: the thread-safe HDF5 of Debian keeps the automatic error
+  // callback per thread, so a callback installed on the first thread only
+  // leaves every other thread printing HDF5-DIAG and losing the detail.
+  thread_local bool installed = false;
+  if (installed) return;
+  installed = true;
+  H5::Exception::dontPrint();
+  // Print nothing, but keep the innermost message for our asap::Error.
+  H5Eset_auto2(H5E_DEFAULT, capture_cb, nullptr);
 }
 
 void rethrow(const H5::Exception& e, const Where& w, const std::string& what) {
@@ -232,7 +286,8 @@ H5::H5File open_file(const std::string& path, const Where& w, bool rdwr) {
   } catch (const H5::Exception& e) {
     std::string detail = last_message().empty() ? e.getDetailMsg() : last_message();
     last_message().clear();
-    throw Error(asap::str(w.file, ": cannot open as HDF5 (damaged or truncated?): ", detail));
+    silence_hdf5_at_exit();
+    throw Error(asap::str(w.file, " is a damaged or truncated HDF5 file: HDF5 cannot open it (", detail, ")"));
   }
 }
 
@@ -281,6 +336,18 @@ bool has_link(const H5::Group& g, const std::string& name) {
 
 bool has_attr(const H5::H5Object& o, const std::string& name) {
   return H5Aexists(o.getId(), name.c_str()) > 0;
+}
+
+bool is_vlen_string_attr(const H5::H5Object& o, const std::string& name) {
+  if (!has_attr(o, name)) return false;
+  hid_t a = H5Aopen(o.getId(), name.c_str(), H5P_DEFAULT);
+  if (a < 0) return false;
+  hid_t t = H5Aget_type(a);  // the type comes from the object header: no heap is read
+  const bool vlen = t >= 0 && H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0;
+  if (t >= 0) H5Tclose(t);
+  H5Aclose(a);
+  last_message().clear();
+  return vlen;
 }
 
 bool is_group(const H5::Group& g, const std::string& name) {
@@ -343,6 +410,26 @@ H5::Group create_group(const H5::Group& parent, const std::string& name, const W
   return guarded(w, asap::str("opening group '", name, "'"), [&] { return parent.openGroup(name); });
 }
 
+void refuse_vlen_root(const H5::H5Object& root, const Where& w, const std::string& version_attr, int64_t fixed_since,
+                      const std::string& path, const std::string& rebuild) {
+  if (!is_vlen_string_attr(root, "format")) return;
+  int64_t version = -1;
+  try {
+    if (has_attr(root, version_attr)) version = read_int_attr(root, version_attr, w);
+  } catch (const Error&) {
+    version = -1;  // not an integer: the generic refusal below
+  }
+  last_message().clear();
+  if (version >= 1 && version < fixed_since)
+    throw Error(asap::str(w.file, " has ", version_attr, " ", version,
+                          " and variable-length strings, which this asapc no longer reads (HDF5 1.10 can crash or "
+                          "hang on them when a file is damaged): convert it with `python3 tools/h5_fixed_strings.py ",
+                          path, "` or ", rebuild));
+  throw Error(asap::str(w.file, ": root attribute 'format' is a variable-length string, but asapc files",
+                        version >= fixed_since ? asap::str(" of ", version_attr, " ", version) : std::string(),
+                        " hold fixed-length strings only, so the file is damaged or was not written by asapc"));
+}
+
 // ---- attributes ----------------------------------------------------------------
 
 std::string read_string_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
@@ -351,7 +438,7 @@ std::string read_string_attr(const H5::H5Object& o, const std::string& name, con
     ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
                " should be a string, found ", attr_type_name(a));
     check_single(a, name, w);
-    return read_strings(a, 1).at(0);
+    return read_strings(a, 1, name, w).at(0);
   });
 }
 
@@ -363,7 +450,7 @@ std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std:
                " should be a list of strings, found ", attr_type_name(a));
     hssize_t n = a.getSpace().getSimpleExtentNpoints();
     if (n <= 0) return std::vector<std::string>{};  // an empty list (e.g. a Sinkhorn layer's features)
-    return read_strings(a, static_cast<size_t>(n));
+    return read_strings(a, static_cast<size_t>(n), name, w);
   });
 }
 
@@ -406,10 +493,11 @@ void write_string_attr(const H5::H5Object& o, const std::string& name, const std
                        const Where& w) {
   guarded(w, asap::str("writing attribute '", name, "'"), [&] {
     remove_attr_if_present(o, name);
-    H5::StrType t = vl_string_type();
+    H5::StrType t = fixed_string_type(value.size());
     H5::Attribute a = o.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
-    const char* p = value.c_str();
-    a.write(t, &p);
+    std::vector<char> buf(t.getSize(), '\0');
+    std::copy(value.begin(), value.end(), buf.begin());
+    a.write(t, buf.data());
   });
 }
 
@@ -417,12 +505,14 @@ void write_string_list_attr(const H5::H5Object& o, const std::string& name,
                             const std::vector<std::string>& values, const Where& w) {
   guarded(w, asap::str("writing attribute '", name, "'"), [&] {
     remove_attr_if_present(o, name);
-    H5::StrType t = vl_string_type();
+    size_t width = 1;
+    for (const auto& s : values) width = std::max(width, s.size());
+    H5::StrType t = fixed_string_type(width);
     hsize_t dims[1] = {values.size()};
     H5::Attribute a = o.createAttribute(name, t, H5::DataSpace(1, dims));
-    std::vector<const char*> ptrs;
-    for (const auto& s : values) ptrs.push_back(s.c_str());
-    if (!ptrs.empty()) a.write(t, ptrs.data());
+    std::vector<char> buf(values.size() * width, '\0');
+    for (size_t i = 0; i < values.size(); ++i) std::copy(values[i].begin(), values[i].end(), buf.begin() + i * width);
+    if (!values.empty()) a.write(t, buf.data());
   });
 }
 
@@ -671,10 +761,11 @@ void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor&
 void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value,
                           const Where& w) {
   guarded(w.child(name), "writing the dataset", [&] {
-    H5::StrType t = vl_string_type();
+    H5::StrType t = fixed_string_type(value.size());
     H5::DataSet ds = g.createDataSet(name, t, H5::DataSpace(H5S_SCALAR));
-    const char* p = value.c_str();
-    ds.write(&p, t);
+    std::vector<char> buf(t.getSize(), '\0');
+    std::copy(value.begin(), value.end(), buf.begin());
+    ds.write(buf.data(), t);
   });
 }
 
@@ -686,15 +777,9 @@ std::string read_string_dataset(const H5::Group& g, const std::string& name, con
                "' should hold a string, found ", class_name(ds.getTypeClass(), ds.getDataType().getSize()));
     hssize_t n = ds.getSpace().getSimpleExtentNpoints();
     ASAP_CHECK(n == 1, w.file, ": dataset '", cw.obj, "' should hold one string, found ", n);
-    check_stored(ds, declared_info(ds, cw), cw);  // a fixed-length type may declare up to 4 GiB
     H5::StrType st = ds.getStrType();
-    if (st.isVariableStr()) {
-      char* p = nullptr;
-      ds.read(&p, st);
-      std::string s = p ? p : "";
-      if (p) H5free_memory(p);
-      return s;
-    }
+    if (st.isVariableStr()) refuse_vlen(asap::str("dataset '", cw.obj, "'"), w);
+    check_stored(ds, declared_info(ds, cw), cw);  // a fixed-length type may declare up to 4 GiB
     size_t size = st.getSize();
     std::vector<char> buf(size + 1, '\0');
     ds.read(buf.data(), st);

@@ -26,7 +26,10 @@ struct Where {
   Where child(const std::string& name) const;  // obj + "/" + name
 };
 
-// Silences HDF5's automatic error-stack printing (once per process).
+// Silences HDF5's automatic error-stack printing and captures its innermost
+// message instead, for the calling thread (HDF5 keeps this setting per
+// thread); cheap after the first call on a thread. open_file, create_file,
+// write_atomically and guarded() call it. The captured message is per thread.
 void quiet();
 
 // Throws asap::Error "<file>: HDF5 error at '<obj>' (<what>): <innermost HDF5 message>".
@@ -35,6 +38,7 @@ void quiet();
 // Runs f(), converting H5::Exception into asap::Error.
 template <typename F>
 auto guarded(const Where& w, const std::string& what, F&& f) -> decltype(f()) {
+  quiet();
   try {
     return std::forward<F>(f)();
   } catch (const H5::Exception& e) {
@@ -58,6 +62,9 @@ void write_atomically(const std::string& path, const Where& w,
 // ---- structure -------------------------------------------------------------
 bool has_link(const H5::Group& g, const std::string& name);
 bool has_attr(const H5::H5Object& o, const std::string& name);
+// True when attribute `name` exists and is a variable-length string. Looks at
+// the type only (object header), never at the data in the global heap.
+bool is_vlen_string_attr(const H5::H5Object& o, const std::string& name);
 bool is_group(const H5::Group& g, const std::string& name);    // link exists and is a group
 bool is_dataset(const H5::Group& g, const std::string& name);  // link exists and is a dataset
 // Names of the direct children of g, in creation order when g tracks it,
@@ -70,7 +77,20 @@ inline std::vector<std::string> list_groups(const H5::Group& g, const Where& w) 
 // writer's order).
 H5::Group create_group(const H5::Group& parent, const std::string& name, const Where& w);
 
+// Called by each reader right after opening, before any string is read:
+// when the root attribute 'format' is a variable-length string, refuses the
+// file with one sentence. A file whose integer attribute `version_attr` is
+// below `fixed_since` (written before asapc stored fixed-length strings) is
+// told how to convert it (tools/h5_fixed_strings.py) or rebuild it (`rebuild`);
+// a newer one is called damaged or foreign.
+void refuse_vlen_root(const H5::H5Object& root, const Where& w, const std::string& version_attr, int64_t fixed_since,
+                      const std::string& path, const std::string& rebuild);
+
 // ---- attributes (scalar, or a one-element array for numbers) -----------------
+// String readers check the type first and refuse a variable-length string
+// with one sentence, without reading it: HDF5 1.10 follows its pointer into
+// the global heap and crashes, hangs or allocates gigabytes when that heap is
+// damaged (docs/reliability.md, H2-H4; docs/decisions.md).
 std::string read_string_attr(const H5::H5Object& o, const std::string& name, const Where& w);
 std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name,
                                                const Where& w);
@@ -78,7 +98,9 @@ int64_t read_int_attr(const H5::H5Object& o, const std::string& name, const Wher
 double read_double_attr(const H5::H5Object& o, const std::string& name, const Where& w);
 
 // Writers replace an existing attribute of the same name. Strings are
-// variable-length UTF-8 (what h5py writes for `attrs[k] = "..."`).
+// fixed-length UTF-8, NUL-padded, as wide as the string (at least 1 byte; a
+// list is as wide as its longest entry): h5py reads them as bytes, and
+// `attrs[k] = np.bytes_(s.encode())` writes the same form.
 void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value,
                        const Where& w);
 void write_string_list_attr(const H5::H5Object& o, const std::string& name,
@@ -132,7 +154,8 @@ inline at::Tensor read_all(const H5::DataSet& ds, at::ScalarType dtype, const Wh
 void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t,
                   int64_t chunk_rows, const Where& w);
 
-// Scalar variable-length string dataset (for text too large for an attribute).
+// Scalar fixed-length string dataset (for text too large for an attribute);
+// the reader refuses a variable-length one, like the attribute readers.
 void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value,
                           const Where& w);
 std::string read_string_dataset(const H5::Group& g, const std::string& name, const Where& w);
