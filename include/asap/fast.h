@@ -56,6 +56,9 @@ std::string isa_for(const Tuning& tuning = {});
 // n >= 1. Other inputs make the functions below throw asap::Error.
 bool handles(const at::Tensor& q, const at::Tensor& k = {}, const at::Tensor& v = {},
              const at::Tensor& key_mask = {});
+// Whether every value of t is finite: vectorised for CPU float32/float64
+// contiguous tensors, ATen otherwise (the runtime's NaN-propagation check).
+bool all_finite(const at::Tensor& t);
 // Whether at::parallel_for runs in parallel in this build: false when
 // LibTorch uses OpenMP and the library was compiled without it (the fast
 // path then still works, on one thread).

@@ -22,7 +22,8 @@ import torch
 from .patch import module_kind
 
 FORMAT = "asapc-calib"
-VERSION = 1
+# 2: every string attribute is a fixed-length HDF5 string (docs/calibration-format.md)
+VERSION = 2
 # a module that owns one of these (child module or parameter) is an attention module
 ATTENTION_HINTS = ("to_qkv", "WQ", "in_proj_weight", "q_proj", "fc_q")
 DEFAULT_BATCH = 64
@@ -265,20 +266,35 @@ class _LayerSink:
 
 
 
+def fixed_str(s):
+    """`s` as a fixed-length, NUL-padded HDF5 string (h5py writes a Python str
+    as a variable-length one, which asapc refuses: docs/decisions.md)."""
+    b = s.encode("utf-8")
+    return np.array(b, dtype="S%d" % max(1, len(b)))
+
+
+def is_vlen_str_attr(obj, key):
+    """True when attribute `key` of `obj` is a variable-length string (type only,
+    the data is not read)."""
+    h5py = _h5py()
+    t = obj.attrs.get_id(key).get_type()
+    return t.get_class() == h5py.h5t.STRING and t.is_variable_str()
+
+
 def _write_header(f, mods, attrs):
     """The file's attributes and one group per layer (all the HDF5 metadata
     record writes; the datasets are _LayerSink's): root format, version and
     the caller's attrs, /layers/<name> with its module_class. Returns
     {name: group}."""
-    f.attrs["format"] = FORMAT
+    f.attrs["format"] = fixed_str(FORMAT)
     f.attrs["version"] = np.int64(VERSION)
     for key, value in (attrs or {}).items():
-        f.attrs[key] = value
+        f.attrs[key] = fixed_str(value) if isinstance(value, str) else value
     layers = f.create_group("layers")
     groups = {}
     for name, m in mods.items():
         groups[name] = layers.create_group(name)
-        groups[name].attrs["module_class"] = type(m).__name__
+        groups[name].attrs["module_class"] = fixed_str(type(m).__name__)
     return groups
 
 
@@ -451,6 +467,8 @@ def check_calib(path):
     def fail(what):
         raise RecordError("%s: %s" % (path, what))
     with _h5py().File(path, "r") as f:
+        if "format" in f.attrs and is_vlen_str_attr(f, "format"):
+            fail("attribute format: expected a fixed-length string, found a variable-length one")
         fmt = f.attrs.get("format")
         if isinstance(fmt, bytes):
             fmt = fmt.decode()

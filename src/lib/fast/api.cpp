@@ -30,6 +30,15 @@ bool handles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   return q.dim() != 4 || (q.size(0) * q.size(1) >= 1 && q.size(2) >= 1);
 }
 
+bool all_finite(const at::Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous() && !t.is_sparse()) {
+    const auto& k = detail::kernels_for({});
+    if (t.scalar_type() == at::kFloat) return k.f32.all_finite(t.data_ptr<float>(), t.numel());
+    if (t.scalar_type() == at::kDouble) return k.f64.all_finite(t.data_ptr<double>(), t.numel());
+  }
+  return t.isfinite().all().item<bool>();
+}
+
 namespace {
 
 template <class T>

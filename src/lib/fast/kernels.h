@@ -61,6 +61,9 @@ struct KernelTable {
   // out[r] = half_s * (sum_c x_c^2 in float64, rounded to T) for the rows
   // x = q + rows[r] * d (the cost offsets alpha of asap-math.md).
   void (*row_sqnorm)(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out);
+  // Whether every x[i], i < n, is finite (x * 0 is 0 for finite x, NaN
+  // otherwise; independent vector accumulators).
+  bool (*all_finite)(const T* x, int64_t n);
   // iters rounds of kPeakChains independent vector multiply-adds x = x * a + b
   // (2 * kPeakChains * width flops a round), for measure_peak(); returns a
   // sum of the chains so that the loop is kept.

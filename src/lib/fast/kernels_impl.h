@@ -776,6 +776,26 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
 }
 
 template <class T>
+bool all_finite(const T* x, int64_t n) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V a0 = V{}, a1 = V{}, a2 = V{}, a3 = V{};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 += load<V>(x + i) * T(0);
+    a1 += load<V>(x + i + W) * T(0);
+    a2 += load<V>(x + i + 2 * W) * T(0);
+    a3 += load<V>(x + i + 3 * W) * T(0);
+  }
+  for (; i + W <= n; i += W) a0 += load<V>(x + i) * T(0);
+  T s = 0;
+  for (; i < n; ++i) s += x[i] * T(0);
+  const V t = (a0 + a1) + (a2 + a3);
+  for (int l = 0; l < W; ++l) s += t[l];
+  return s == T(0);
+}
+
+template <class T>
 T peak_fma(int64_t iters, T seed) {
   using V = typename Vec<T>::V;
   constexpr int C = detail::kPeakChains;
@@ -810,6 +830,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 &vexp<T>,
                                 &add_log_t<T>,
                                 &row_sqnorm<T>,
+                                &all_finite<T>,
                                 &peak_fma<T>};
 }
 

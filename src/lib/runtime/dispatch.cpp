@@ -22,27 +22,7 @@ bool half_precision(const at::Tensor& t) {
 
 at::Tensor widened(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
 
-// Whether every value of a tensor is finite: x * 0 is 0 for finite x and NaN
-// otherwise; eight independent sums let the loop vectorise.
-template <class T>
-bool all_finite_raw(const T* p, int64_t n) {
-  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + j] * T(0);
-  for (; i < n; ++i) acc[0] += p[i] * T(0);
-  T s = 0;
-  for (T a : acc) s += a;
-  return s == T(0);
-}
-
-bool all_finite(const at::Tensor& t) {
-  if (t.is_contiguous() && t.device().is_cpu()) {
-    if (t.scalar_type() == at::kFloat) return all_finite_raw(t.data_ptr<float>(), t.numel());
-    if (t.scalar_type() == at::kDouble) return all_finite_raw(t.data_ptr<double>(), t.numel());
-  }
-  return t.isfinite().all().item<bool>();
-}
+bool all_finite(const at::Tensor& t) { return fast::all_finite(t); }
 
 // NaN in, NaN out (issue 16, item 5; docs/decisions.md): a head whose q, k or
 // v holds a NaN or an infinity returns NaN for its whole output, attention
