@@ -36,8 +36,8 @@
 # OpenMP's ACTIVE and PASSIVE wait policies. Prints one table per setting,
 # the largest ratio per setting over n = 17-64 (targets: slice-free within
 # 1.05x, 16 slices within 1.25x) and the n = 50 4-pass call against its
-# FLOP/exp bound. --quick: n = 17 and 50, d = 16, ACTIVE only. Raw results
-# to $OUT.overhead.json when OUT is set.
+# FLOP/exp bound. --quick: n = 17 and 50, d = 16, ACTIVE only. The timings
+# (median per operator) to $OUT when OUT is set (docs/bench_overhead.json).
 #
 #   tools/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
@@ -119,13 +119,18 @@ if [ "${1:-}" = "--overhead" ]; then
       done
     done
   done
-  "$PY" - "$TMPD/index" "${OUT:+$OUT.overhead.json}" <<'PYEOF'
+  "$PY" - "$TMPD/index" "${OUT:-}" <<'PYEOF'
 import json, sys
 rows, raw = [], []
 for line in open(sys.argv[1]):
     policy, d, slices, path = line.split()
     data = json.load(open(path))
-    raw.append({"policy": policy, "d": int(d), "slices": int(slices), "bench": data})
+    raw.append({"policy": policy, "d": int(d), "slices": int(slices),
+                "machine": {k: data["machine"].get(k) for k in ("cpu", "cores", "threads", "date", "isa",
+                                                               "omp_wait_policy", "peak_before", "peak_after",
+                                                               "peak") if k in data["machine"]},
+                "results": [{k: x.get(k) for k in ("op", "param", "n", "B", "H", "median_s", "bound_s",
+                                                   "bound_ratio")} for x in data["results"]]})
     t = {(r["n"], r["op"], r["param"]): r for r in data["results"]}
     print("\nOMP_WAIT_POLICY=%s, d = %s, %s, %d threads" % (policy, d, "slice-free" if slices == "0" else slices + " slices",
                                                            data["machine"]["threads"]))
@@ -159,7 +164,7 @@ for r in b:
     print("  n=50 4-pass alpha+softmax+sinkhorn3 k=1 (%s, d=%d, %s): %.2fx its FLOP/exp bound (stretch: <= 3x)"
           % (r[0], r[1], "slice-free" if r[2] == 0 else "%d slices" % r[2], r[8]))
 if len(sys.argv) > 2 and sys.argv[2]:
-    json.dump(raw, open(sys.argv[2], "w"), indent=1)
+    json.dump(raw, open(sys.argv[2], "w"), indent=0)
 PYEOF
   exit 0
 fi
