@@ -42,7 +42,8 @@ for _d in (TOOLS_DIR, PYTHON_DIR):
 
 import asap_torch  # noqa: E402
 from asap_torch.record import (ATTENTION_HINTS, FORMAT, VERSION, Progress, RecordError,  # noqa: E402,F401
-                               attention_candidates, check_calib, default_mask, resolve_layers)
+                               attention_candidates, check_calib, default_mask, fixed_str, is_vlen_str_attr,
+                               resolve_layers)
 
 
 def record(model, layer_names, batches, out_path, mask_fn=None, chunk=64, **kw):
