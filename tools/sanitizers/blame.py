@@ -17,7 +17,10 @@ excused:
            by / freed by / leak stacks) names an asapc frame.
   asapc    any report that names an asapc frame where it matters: an asapc
            frame first on the crash stack, or an asapc allocation or free
-           (an overflow of an asapc buffer inside HDF5's memcpy is asapc's).
+           (an overflow of an asapc buffer inside HDF5's memcpy is asapc's):
+           on an allocation, free or leak stack the innermost frame that is
+           asapc's or HDF5's owns the memory (HDF5 memory allocated while
+           asapc called HDF5 is HDF5's).
   unlisted a report inside HDF5 (or elsewhere) that is not on the list.
   none     the log holds no report: the input did not crash in a fresh
            process. The caller treats that as a failure too (a crash that
@@ -126,11 +129,16 @@ def blame(log, root, known):
         if is_hdf5(fr):
             first = fr
             break
+    # Whose memory it is: on each allocation / free / leak stack the innermost
+    # frame that is asapc's or HDF5's (past malloc, interceptors, libc) owns
+    # it. asapc frames further out only called into HDF5, which allocated.
     for s in others:
         for fr in s:
             if is_asapc(fr, root):
-                return "asapc", "%s inside %s, on memory whose allocation or free names asapc frame '%s'" % (
+                return "asapc", "%s inside %s, on memory allocated or freed by asapc frame '%s'" % (
                     kind, function_of(first) if first else "an uninstrumented library", fr)
+            if is_hdf5(fr):
+                break
     if first is None:
         return "unlisted", "%s with no HDF5 or asapc frame on the crash stack" % kind
     # The innermost HDF5 frame with a name: static functions of the
