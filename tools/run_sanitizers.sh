@@ -80,9 +80,9 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
   failed=0
   seed0=${ASAP_FUZZ_SEED:-1}
   # By default each target runs a fixed number of inputs (about 30 s each
-  # here), so that a run with the same seed and corpus is the same run on any
-  # machine and CI does not fail on whatever a time budget happened to reach;
-  # ASAP_FUZZ_SECONDS=S fuzzes for S seconds per target instead (exploring).
+  # here) rather than a time budget, so a slow machine runs as many; runs are
+  # still not repeatable (docs/reliability.md). ASAP_FUZZ_SECONDS=S fuzzes
+  # for S seconds per target instead (exploring).
   if [ -n "${ASAP_FUZZ_SECONDS:-}" ]; then
     say "fuzzing with fixed seeds from -seed=$seed0 (ASAP_FUZZ_SEED), ${fuzz_seconds} s per target"
   else

@@ -67,6 +67,26 @@ READ of size 8 at 0x7ffc thread T0
 %s
 """ % frames("asap::detail::h5::check_stored(H5::DataSet const&) %s/src/lib/io/h5util.cpp:540:7" % SRC, FUZZ_MAIN)
 
+# H7 as the merge's CI run saw it: strdup past the end of an object-header
+# chunk that HDF5 allocated while asapc was opening the file. asapc frames
+# stand further out on the allocation stack (asapc called H5Fopen), but the
+# memory is HDF5's: the innermost asapc-or-HDF5 frame of that stack is HDF5.
+ASAPC_OPEN = "asap::detail::h5::open_file(std::string const&) %s/src/lib/io/h5util.cpp:285:12" % SRC
+H7_HDF5_MEMORY = """==6859==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x60d0004726a0 at pc 0x5576 bp 0x7ffd sp 0x7ffd
+%s
+
+0x60d0004726a0 is located 0 bytes to the right of 144-byte region [0x60d000472610,0x60d0004726a0)
+allocated by thread T0 here:
+%s
+SUMMARY: AddressSanitizer: heap-buffer-overflow in __interceptor_strdup
+""" % (frames("__interceptor_strdup (/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0x124f45)",
+              "H5MM_strdup (%s+0x18431d)" % HDF5, "(%s+0x190d21)" % HDF5,
+              "H5O__msg_iterate_real (%s+0x1b4ca4)" % HDF5, "H5Aexists (%s+0x5c350)" % HDF5, ASAPC_READ,
+              FUZZ_MAIN),
+       frames("malloc (/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0x13a5ce)",
+              "(%s+0x1233e4)" % HDF5, "H5FL_blk_malloc (%s+0x123af1)" % HDF5, "H5C_protect (%s+0x8d9fc)" % HDF5,
+              "H5Fopen (%s+0xf06db)" % HDF5, ASAPC_OPEN, FUZZ_MAIN))
+
 # A report inside HDF5 that is not on the list (function, kind).
 UNLISTED = """==7==ERROR: AddressSanitizer: SEGV on unknown address 0x000000000010 (pc 0x7f00 bp 0x0 sp 0x7ffd T0)
 ==7==The signal is caused by a READ memory access.
@@ -141,6 +161,9 @@ def listed_hdf5_reports_without_asapc_memory_are_excused():
     assert v == "excused" and "H4" in why and "timeout" in why, (v, why)
     v, why = verdict(H6_UNNAMED)
     assert v == "excused" and "H6" in why and "H5O__msg_iterate_real" in why, (v, why)
+    # HDF5's memory although asapc called the function that allocated it.
+    v, why = verdict(H7_HDF5_MEMORY)
+    assert v == "excused" and "H7" in why and "H5MM_strdup" in why, (v, why)
 
 
 @test
