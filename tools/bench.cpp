@@ -443,6 +443,7 @@ int main(int argc, char** argv) try {
       s.d = std::stoll(next());
     } else if (a == "--slices") {
       s.slices = std::stoll(next());
+      if (s.slices < 0) throw std::invalid_argument("--slices: expected 0 (slice-free families) or more, found " + std::to_string(s.slices));
     } else if (a == "--reps") {
       s.reps = std::stoi(next());
     } else if (a == "--no-mem") {
