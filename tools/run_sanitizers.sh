@@ -8,13 +8,14 @@
 #     -DASAP_SANITIZE=address,undefined; the doctest suite runs under it with
 #     the options and suppressions of tools/sanitizers/env.sh.
 #  2. build-fuzz/: the libFuzzer targets of fuzz/ built with clang-14; each
-#     replays its seed corpus and kept regressions, then fuzzes for
-#     ASAP_FUZZ_SECONDS (default 30) from its corpus (new inputs go to a
-#     scratch directory, not into the repository).
+#     replays its seed corpus and kept regressions, then fuzzes a fixed number
+#     of inputs (or ASAP_FUZZ_SECONDS per target) from its corpus (new inputs
+#     go to a scratch directory, not into the repository).
 #     Every input libFuzzer keeps is written to build-fuzz/findings/, replayed
-#     in a fresh process and blamed by tools/sanitizers/blame.py; one that
-#     does not reproduce fails the stage. Seeds are fixed (ASAP_FUZZ_SEED,
-#     default 1) and printed.
+#     in a fresh process and blamed by tools/sanitizers/blame.py: anything
+#     blamed on asapc fails the stage; an unlisted report inside HDF5 is a
+#     warning (ASAP_FUZZ_STRICT=1: a failure). Seeds are fixed
+#     (ASAP_FUZZ_SEED, default 1) and printed.
 #  3. build-tsan/: tools/tsan_load_threads.sh, concurrent loads under
 #     ThreadSanitizer (ASAP_SKIP_TSAN=1 skips it).
 #
@@ -77,7 +78,7 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
   ASAP_FUZZ_TMPDIR=$(mktemp -d "$( [ -w /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")/asap-fuzz.XXXXXX")
   export ASAP_FUZZ_TMPDIR
   trap 'rm -rf "$ASAP_FUZZ_TMPDIR"' EXIT
-  failed=0
+  failed=0 hdf5_new=0
   seed0=${ASAP_FUZZ_SEED:-1}
   # By default each target runs a fixed number of inputs (about 30 s each
   # here) rather than a time budget, so a slow machine runs as many; runs are
@@ -130,7 +131,8 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
         -malloc_limit_mb=1024 -timeout=10 -artifact_prefix="$root/build-fuzz/findings/$t-seed$seed-" \
         > "$rlog" 2>&1 || code=$?
       # inputs run: "Done N runs" at a clean end, else the last "#N" status line
-      n=$(grep -oE '^(Done [0-9]+ runs|#[0-9]+[[:space:]])' "$rlog" | tail -1 | tr -dc 0-9)
+      # (none when the run crashed while loading its corpus)
+      n=$(grep -oE '^(Done [0-9]+ runs|#[0-9]+[[:space:]])' "$rlog" | tail -1 | tr -dc 0-9 || true)
       runs=$(( runs + ${n:-0} ))
       k=$(( k + 1 ))
       [ "$code" = 0 ] && break
@@ -141,21 +143,39 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
       [ -f "$input" ] || continue
       case $input in *.log) continue ;; esac
       plog=$input.replay.log
-      # A fresh process: the input alone must reproduce the report. One that
-      # does not is a failure too (blame.py's verdict "none"); both logs are
-      # kept in build-fuzz/findings/.
-      "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 "$input" > "$plog" 2>&1 || true
-      if verdict=$(python3 tools/sanitizers/blame.py --root "$root" "$plog"); then
-        say "fuzz_$t: $input: $verdict"
-      else
-        grep -m3 -E "ERROR: |runtime error:|unexpected|SUMMARY" "$plog" >&2 || true
-        say "fuzz_$t: FAILED: $input: $verdict (logs: $plog and the seed's log)"
-        failed=1
-      fi
+      # A fresh process: the input alone should reproduce the report; it is
+      # replayed up to three times. blame.py blames the replay's report, or,
+      # when no replay crashed, the report of the fuzzing run that kept the
+      # input (--fallback): HDF5's reaction to a damaged file depends on its
+      # memory state (docs/reliability.md). Both logs stay in build-fuzz/findings/.
+      for _ in 1 2 3; do
+        "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 "$input" > "$plog" 2>&1 && continue
+        break
+      done
+      seedlog=build-fuzz/findings/fuzz_$t.seed$(basename "$input" | sed -E 's/^[a-z]+-seed([0-9]+)-.*/\1/').log
+      bcode=0
+      verdict=$(python3 tools/sanitizers/blame.py --root "$root" --fallback "$seedlog" \
+        $( [ "${ASAP_FUZZ_STRICT:-0}" = 1 ] && echo --strict ) "$plog") || bcode=$?
+      case $bcode in
+        0) say "fuzz_$t: $input: $verdict" ;;
+        3)
+          # Inside HDF5 and not listed: HDF5 1.10.8's bugs on damaged input
+          # are an open set that differs from run to run, so this is a
+          # warning (ASAP_FUZZ_STRICT=1 makes it a failure).
+          say "fuzz_$t: WARNING: $input: $verdict (an HDF5-internal report; list it in tools/sanitizers/hdf5_known.txt and docs/reliability.md once reviewed)"
+          hdf5_new=$(( hdf5_new + 1 ))
+          ;;
+        *)
+          grep -m3 -E "ERROR: |runtime error:|unexpected|SUMMARY" "$plog" >&2 || true
+          say "fuzz_$t: FAILED: $input: $verdict (logs: $plog and $seedlog)"
+          failed=1
+          ;;
+      esac
     done
     say "fuzz_$t: ${runs} inputs run, seeds $seed0..$(( seed0 + k - 1 ))"
   done
   [ "$failed" = 0 ] || { say "fuzzing found problems in asapc (build-fuzz/findings/)"; exit 1; }
+  [ "$hdf5_new" = 0 ] || say "fuzzing: $hdf5_new unlisted HDF5-internal report(s), warned above (build-fuzz/findings/)"
 fi
 if [ "${ASAP_SKIP_TSAN:-0}" != 1 ]; then
   say "concurrent loads under ThreadSanitizer (log: build-tsan.log)"

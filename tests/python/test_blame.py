@@ -122,6 +122,33 @@ UBSAN = """%s/src/lib/io/artifact.cpp:300:20: runtime error: signed integer over
 """ % (SRC, frames("asap::(anonymous namespace)::check_layer_shapes(...) %s/src/lib/io/artifact.cpp:300:20" % SRC,
                    FUZZ_MAIN))
 
+# A wild read inside HDF5 that lands next to an asapc object allocated
+# earlier (the calibration reader's Part, whose allocating function had
+# returned): damaged metadata sent HDF5's memcpy there, asapc handed it
+# nothing (the merge's CI run, fuzz_calib -seed=1, 2026-11-25).
+ASAPC_PART = ("std::unique_ptr<asap::(anonymous namespace)::Part> std::make_unique<asap::(anonymous namespace)::Part>"
+              "(std::string const&, H5::H5File&&) /usr/include/c++/12/bits/unique_ptr.h:1065:30")
+ASAPC_OPEN_PART = "asap::(anonymous namespace)::open_part(std::string const&) %s/src/lib/io/calib.cpp:86:15" % SRC
+WILD_READ = """==17318==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x60d00047cf58 at pc 0x5646 bp 0x7ffe sp 0x7ffe
+READ of size 4096 at 0x60d00047cf58 thread T0
+%s
+
+0x60d00047cf58 is located 8 bytes to the right of 128-byte region [0x60d00047ced0,0x60d00047cf50)
+allocated by thread T0 here:
+%s
+SUMMARY: AddressSanitizer: heap-buffer-overflow in memcpy
+""" % (frames("memcpy (/work/build-fuzz/fuzz/fuzz_calib+0xd19d3)", "(%s+0x190f18)" % HDF5,
+              "H5VM_memcpyvv (%s+0x22b0c1)" % HDF5, "H5D__compact_readvv (%s+0xa1b2c)" % HDF5,
+              "H5Dread (%s+0x9e001)" % HDF5, "asap::CalibFile::read(std::string const&, long, long) %s/src/lib/io/calib.cpp:330:9" % SRC,
+              FUZZ_MAIN),
+       frames("operator new(unsigned long) (/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so+0xf00)",
+              ASAPC_PART, ASAPC_OPEN_PART, FUZZ_MAIN))
+# The same access as a WRITE: HDF5 wrote into asapc memory, asapc's fault.
+WILD_WRITE = WILD_READ.replace("READ of size", "WRITE of size")
+# A READ of an asapc buffer whose allocating function is on the crash stack
+# (it handed the buffer down): asapc's.
+HANDED_READ = ASAPC_OVERFLOW.replace("WRITE of size", "READ of size")
+
 # The log of a replay that did not crash.
 NO_REPORT = """INFO: Running with entropic power schedule (0xFF, 100).
 INFO: Seed: 1
@@ -174,6 +201,17 @@ def asapc_frames_and_ub_are_asapc():
 
 
 @test
+def wild_read_of_asapc_memory_inside_hdf5_is_hdf5s_but_a_write_or_handed_buffer_is_asapcs():
+    v, why = verdict(WILD_READ)
+    assert v == "unlisted" and "H5VM_memcpyvv" in why and "wild read" in why, (v, why)
+    assert blame.exit_status(v, why) == 3 and blame.exit_status(v, why, strict=True) == 1
+    v, why = verdict(WILD_WRITE)
+    assert v == "asapc" and "make_unique" in why, (v, why)
+    v, why = verdict(HANDED_READ)
+    assert v == "asapc" and "read_strings" in why, (v, why)
+
+
+@test
 def no_report_is_not_excused():
     assert verdict(NO_REPORT)[0] == "none"
 
@@ -181,15 +219,35 @@ def no_report_is_not_excused():
 @test
 def command_line_exit_status():
     with tempfile.TemporaryDirectory() as d:
-        for log, code, word in ((H2_KNOWN, 0, "excused"), (ASAPC_OVERFLOW, 1, "asapc"), (UNLISTED, 1, "unlisted"),
-                                (NO_REPORT, 1, "none")):
+        def cli(log, *extra, fallback=None):
             p = os.path.join(d, "r.log")
             with open(p, "w") as f:
                 f.write(log)
-            r = subprocess.run([sys.executable, os.path.join(SAN, "blame.py"), "--root", SRC, p],
+            args = list(extra)
+            if fallback is not None:
+                fp = os.path.join(d, "seed.log")
+                with open(fp, "w") as f:
+                    f.write(fallback)
+                args += ["--fallback", fp]
+            r = subprocess.run([sys.executable, os.path.join(SAN, "blame.py"), "--root", SRC] + args + [p],
                                capture_output=True, text=True)
-            assert r.returncode == code and r.stdout.startswith(word + ": "), (word, r.returncode, r.stdout,
-                                                                               r.stderr)
+            return r.returncode, r.stdout, r.stderr
+
+        # 0 excused, 3 unlisted inside HDF5 (a warning; 1 with --strict), 1 else.
+        for log, extra, code, word in ((H2_KNOWN, (), 0, "excused"), (ASAPC_OVERFLOW, (), 1, "asapc"),
+                                       (UNLISTED, (), 3, "unlisted"), (UNLISTED, ("--strict",), 1, "unlisted"),
+                                       (WILD_READ, (), 3, "unlisted"), (NO_REPORT, (), 1, "none")):
+            rc, out, err = cli(log, *extra)
+            assert rc == code and out.startswith(word + ": "), (word, extra, rc, out, err)
+        # A replay with no report falls back to the fuzzing run's report:
+        # inside HDF5 (listed or not) it is a warning, asapc's fails, and no
+        # report in either fails.
+        for seed, code, word in ((H6_UNNAMED, 3, "unreproduced"), (UNLISTED, 3, "unreproduced"),
+                                 (ASAPC_OWN, 1, "asapc"), (NO_REPORT, 1, "none")):
+            rc, out, err = cli(NO_REPORT, fallback=seed)
+            assert rc == code and out.startswith(word + ": "), (word, rc, out, err)
+        rc, out, _ = cli(NO_REPORT, "--strict", fallback=H6_UNNAMED)
+        assert rc == 1 and out.startswith("unreproduced: "), (rc, out)
 
 
 @test
