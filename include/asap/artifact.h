@@ -13,8 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "asap/layer.h"
-#include "asap/spec.h"
+#include "asap/types.h"
 
 namespace asap {
 
@@ -39,56 +38,6 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 constexpr int kArtifactVersion = 4;
 constexpr int kArtifactFixedStringsSince = 4;
 constexpr int kArtifactOldestReadable = 1;
-
-// Which columns the feature matrix Psi holds, in this fixed order:
-//   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 ].
-// Every column is centered over the mass-carrying query rows.
-struct FeatureFamily {
-  int64_t slices = 0;          // sliced Kantorovich potentials (asap-math.md section 4)
-  bool alpha = false;          // centered query cost offset (s/2)||q_i||^2 (section 6b)
-  bool softmax_dual = false;   // centered softmax dual f1 = row(0) + alpha (section 6b): 1 pass
-  bool sinkhorn_dual3 = false; // centered teacher dual after 3 steps, f3 = row(col(row(0))) + alpha:
-                               // 3 passes (f1 comes free on the way); format version 2
-  int64_t num_columns() const {
-    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0);
-  }
-  // Log-sum-exp passes the features cost before any closure.
-  int feature_passes() const { return sinkhorn_dual3 ? 3 : softmax_dual ? 1 : 0; }
-  std::string name() const;    // e.g. "L64+alpha+softmax+sinkhorn3"
-  bool operator==(const FeatureFamily& o) const {
-    return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual &&
-           sinkhorn_dual3 == o.sinkhorn_dual3;
-  }
-};
-
-// What a compiled layer runs at inference (format version 3). The
-// zero-parameter kinds are what compile stores when, on this machine and
-// shape, no ASAP map is both faster than the teacher and closer to it than
-// Sinkhorn of equal latency (docs/decisions.md).
-enum class OperatorKind {
-  kAsap,      // predicted dual + default_closures closures (asap-math.md section 5)
-  kSinkhorn,  // the teacher's own loop cut to sinkhorn_steps = T' < T half-steps
-  kTeacher,   // the exact teacher: T half-steps
-};
-const char* operator_kind_name(OperatorKind k);  // "asap", "sinkhorn", "teacher"
-
-struct CompiledLayer {
-  OperatorKind kind = OperatorKind::kAsap;
-  int sinkhorn_steps = 0;  // T' for kSinkhorn (1 <= T' < T); 0 otherwise
-  LayerSpec spec;          // teacher conventions: name, heads, dims, scale, eps, T, mask, n-multiplier
-  at::Tensor theta;        // [head_dim, slices_stored] float64, unit-norm columns
-  FeatureFamily family;    // family.slices <= theta.size(1): a prefix of the bank is used
-  bool per_head = false;   // one coefficient row per head, else one per layer
-  at::Tensor coef;         // [per_head ? heads : 1, family.num_columns()] float64
-  int default_closures = 0;  // k used when the caller does not ask
-  LayerWeights weights;      // projections (may be undefined when compiled from q/k/v)
-  std::string fit_json;      // fit options, diagnostics and selection, as JSON text
-  // Log-sum-exp half-steps the layer runs: T' (sinkhorn), T (teacher), or
-  // the features' passes plus the default closures (asap).
-  int lse_passes() const;
-  // "asap L16+alpha+softmax/head k=1", "sinkhorn T'=4", "teacher T=6".
-  std::string describe() const;
-};
 
 struct Artifact {
   int format_version = kArtifactVersion;

@@ -23,17 +23,11 @@
 
 #include "asap/artifact.h"
 #include "asap/spec.h"
+#include "asap/types.h"
 
 namespace asap {
 
 class Communicator;
-
-struct ProgressEvent {
-  std::string layer;     // layer being compiled
-  std::string phase;     // "statistics", "selection", "kl"
-  int64_t done = 0;      // examples (or passes) done in this phase, by this process
-  int64_t total = 0;     // in all: with several processes, the sum over ranks of done reaches it
-};
 
 // One candidate operator: a feature family and whether coefficients are per head.
 struct Candidate {
@@ -154,9 +148,5 @@ nlohmann::json compile_options_json(const CompileOptions& opt);
 // compile with this seed and held-out fraction (the split compile used; its
 // seed and fraction are recorded in each layer's fit record).
 bool in_heldout_split(uint64_t seed, double heldout_fraction, int64_t example);
-
-// Budget of LSE passes of a candidate: closures + 1 if it uses the softmax feature.
-int lse_passes(const FeatureFamily& f, int closures);
-
 
 }  // namespace asap

@@ -25,9 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "asap/artifact.h"
 #include "asap/layer_call.h"
-#include "asap/teacher.h"
+#include "asap/types.h"
 
 namespace asap {
 namespace fast {

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "asap/artifact.h"
 #include "asap/teacher.h"
+#include "asap/types.h"
 
 namespace asap {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "asap/artifact.h"
+#include "asap/types.h"
 
 namespace asap {
 

@@ -9,29 +9,14 @@
 //        +--> asap/teacher.h,  ATen reference (src/lib/math/)
 //             asap/operator.h
 //
-// Both paths include this header and asap/artifact.h, and neither includes
-// the runtime or the other path.
+// Both paths include this header (and the core types of asap/types.h), and
+// neither includes the runtime or the other path (docs/architecture.md).
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "asap/artifact.h"
-#include "asap/teacher.h"
+#include "asap/types.h"
 
 namespace asap {
-
-struct RunOptions {
-  int closures = 0;               // k >= 1 closures; 0 = the layer's compiled default
-  bool return_attention = false;  // also return the [B, H, n, n] attention matrix
-  bool return_phi = false;        // also return phi_hat (ASAP maps; the reference path always does)
-  bool return_features = false;   // also return the feature matrix Psi (ASAP maps)
-};
-
-struct LayerOutput {
-  at::Tensor out;        // head outputs [B, H, n, dv]
-  at::Tensor attention;  // [B, H, n, n] when requested
-  at::Tensor phi_hat;    // predicted centered cost-coordinate dual [B, H, n] when requested
-  at::Tensor features;   // the centered feature columns Psi [B, H, n, P] when requested
-};
 
 // The teacher conventions of a compiled layer.
 Convention convention_of(const LayerSpec& spec);

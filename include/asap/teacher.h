@@ -7,13 +7,9 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-namespace asap {
+#include "asap/types.h"
 
-struct Convention {
-  double eps = 1.0;                  // entropy
-  bool drop_padded_queries = false;  // a_i = 0 for padded query rows
-  bool multiply_by_n = true;         // attention = n * plan
-};
+namespace asap {
 
 // Log marginals in coupling units, broadcastable against [B, H, n]:
 // log_a [B, 1, n] (-inf on dropped query rows), log_b [B, 1, n] (-inf on
@@ -41,14 +37,6 @@ at::Tensor cost_alpha(const at::Tensor& q, double scale);
 // x [.., n] centered over the rows that carry mass; `fill` on the others
 // (0 for feature columns, -inf for duals, as in the golden cases).
 at::Tensor center_rows(const at::Tensor& x, const LogMarginals& m, double fill = 0.0);
-
-struct TeacherResult {
-  at::Tensor A;             // [B, H, n, n] attention (when requested)
-  at::Tensor O;             // [B, H, n, dv] head outputs (when v given)
-  at::Tensor f, g;          // final duals
-  at::Tensor f_star;        // closure-ready source dual (T >= 2)
-  at::Tensor phi_bar_star;  // centered cost-coordinate target (T >= 2)
-};
 
 // The finite loop with budget T >= 1 (odd T ends on a row closure) in plain
 // ATen, materialising [B, H, n, n] scores: the specification the fast path

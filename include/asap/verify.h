@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "asap/artifact.h"
-#include "asap/compile.h"
 #include "asap/metrics.h"
+#include "asap/types.h"
 
 namespace asap {
 
 class CalibFile;
+class Communicator;
 struct Checkpoint;
 
 struct VerifyOptions {

@@ -31,7 +31,6 @@ namespace asap {
 using nlohmann::json;
 using namespace compile_detail;
 
-int lse_passes(const FeatureFamily& f, int closures) { return closures + f.feature_passes(); }
 
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(example) + 0x632BE59BD9B4E019ull;
