@@ -31,7 +31,8 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 //        can express them.
 //   4 -- every string (attributes, "fit_json") is a fixed-length HDF5 string,
 //        never variable-length, so no reader follows pointers into HDF5's
-//        global heap (issue 28). Every file is written as version 4. Files
+//        global heap, which HDF5 1.10 does not check (a damaged heap crashes, hangs
+//        or allocates gigabytes: docs/reliability.md). Every file is written as version 4. Files
 //        of versions 1-3 hold variable-length strings and are refused with
 //        how to convert them (tools/h5_fixed_strings.py) or compile again;
 //        see docs/decisions.md.

@@ -17,7 +17,8 @@ namespace asap {
 constexpr const char* kCalibFormat = "asapc-calib";
 // Version history: 1 -- first version (h5py's variable-length strings);
 // 2 -- the root attribute "format" (and every other string) is a fixed-length
-// string (issue 28). Version-1 files are refused with how to convert them
+// string, so no reader follows a pointer into HDF5's unchecked global heap.
+// Version-1 files are refused with how to convert them
 // (tools/h5_fixed_strings.py); docs/decisions.md.
 constexpr int kCalibVersion = 2;
 constexpr int kCalibFixedStringsSince = 2;

@@ -1,4 +1,4 @@
-// asap/compile.h -- the compile pipeline (issue: `asapc compile`).
+// asap/compile.h -- the compile pipeline behind `asapc compile`.
 //
 // Per layer, the phases of src/lib/compile/ (compile.cpp reads as the list):
 //   statistics  stream the calibration file in bounded batches: projections,

@@ -1,5 +1,5 @@
 // asap/fast.h -- fused CPU kernels for the teacher, the compiled operator and
-// the features (issue 9).
+// the features (docs/performance.md).
 //
 // Same inputs and outputs as the ATen reference paths (asap/teacher.h,
 // asap/operator.h, asap/features.h), which remain the specification: the

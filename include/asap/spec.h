@@ -61,7 +61,9 @@ struct TeacherSpec {
 
 constexpr const char* kSpecFormat = "asapc-teacher-spec";
 constexpr int kSpecVersion = 1;
-// Largest Sinkhorn budget T a teacher spec may declare (issue 16, item 3).
+// Largest Sinkhorn budget T a teacher spec may declare: far above any real
+// Sinkformer (T <= 20), low enough that a damaged spec cannot ask for a loop
+// that never ends.
 constexpr int64_t kMaxSinkhornSteps = 10000;
 
 // JSON round trip; from_json validates every field and names it in errors.

@@ -1,4 +1,4 @@
-// The attention refit (--fit attention, issue 15): the chosen map's
+// The attention refit (--fit attention): the chosen map's
 // coefficients, started from their LS solution, refined by L-BFGS on the
 // squared relative error of the plan after the operator's own k closures
 // against the teacher's plan, over the training split. Kept only when the

@@ -1,5 +1,6 @@
 // Lane-parallel sliced potentials for short sequences: one slice per SIMD
-// lane, a data-independent sorting network per lane (issue 14).
+// lane, a data-independent sorting network per lane (at short n a scalar sort
+// per slice is branch-bound; docs/performance.md).
 //
 // Layout: a block of kSortLanes slices is sorted at once. Values are stored
 // transposed, [m][kSortLanes] (row r = token, lane l = slice), so that one

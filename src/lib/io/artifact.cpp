@@ -107,7 +107,8 @@ bool all_finite(const at::Tensor& t) {
 
 // Shapes of a layer's tensors: taken from the tensors (writer, and after a
 // read), or from the file's metadata before anything is read, so a hostile
-// file is refused before a single byte is allocated for it (issue 16, item 8).
+// file is refused before a single byte is allocated for it (a damaged
+// file must not make the reader allocate what its metadata claims).
 using Shape = std::optional<std::vector<int64_t>>;  // nullopt = absent
 struct LayerShapes {
   Shape theta, coef, wq, bq, wk, bk, wv, bv, wo, bo;

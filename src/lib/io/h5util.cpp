@@ -30,7 +30,8 @@ namespace {
 // raised, by the automatic-error callback that would otherwise print it.
 // Per thread: HDF5 (thread-safe build) keeps its error stacks and automatic
 // error callbacks per thread, and loads on different threads must not race
-// on one string (issue 28, item 5).
+// on one string (ThreadSanitizer found that race when it was one
+// function-level static).
 std::string& last_message() {
   thread_local std::string msg;
   return msg;

@@ -121,7 +121,8 @@ struct DatasetInfo {
 H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Where& w);
 // Shape and type from metadata, then check_stored(): a dataset whose declared
 // extent is not backed by data in the file is refused here, before anyone
-// allocates or streams it (issue 16, items 8 and 9).
+// allocates or streams it: a damaged file must not make a reader allocate
+// what its metadata claims, nor stream fill values as if they were data.
 DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w);
 
 // ---- overflow-safe sizes ---------------------------------------------------------
