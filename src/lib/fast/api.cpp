@@ -14,6 +14,7 @@
 #include "asap/fast.h"
 #include "asap/layer_call.h"
 #include "fast/engine.h"
+#include "fast/slices.h"
 
 namespace asap {
 namespace fast {
@@ -207,37 +208,10 @@ void check_qk(const at::Tensor& q, const at::Tensor& k) {
              "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ", k.sizes());
 }
 
-// The slice bank of a call in the two layouts the engine reads, rounded
-// like the reference (theta cast to T, then multiplied by sqrt(scale) in T):
-// rows [L, d] (scalar sorts) and transposed [d][round_up(L, kSortLanes)],
-// zero past L (lane-parallel networks). Built once per call, shared by
-// every head; read straight from a CPU float64 contiguous bank (what
-// artifacts hold), so no ATen operator runs.
-template <class T>
-struct ScaledBank {
-  std::vector<T> rows, cols;
-  ScaledBank(const at::Tensor& theta, int64_t L, double scale) {
-    if (L <= 0) return;
-    at::Tensor th = theta;
-    if (!(th.device().is_cpu() && th.scalar_type() == at::kDouble && th.is_contiguous()))
-      th = theta.to(at::kCPU, at::kDouble).contiguous();
-    const int64_t d = th.size(0), stored = th.size(1), Lp = detail::round_up(L, detail::kSortLanes);
-    const double* p = th.data_ptr<double>();
-    const T s = static_cast<T>(std::sqrt(scale));
-    rows.resize(static_cast<size_t>(L * d));
-    cols.assign(static_cast<size_t>(d * Lp), T(0));
-    for (int64_t i = 0; i < d; ++i)
-      for (int64_t l = 0; l < L; ++l) {
-        const T v = static_cast<T>(p[i * stored + l]) * s;
-        rows[l * d + i] = v;
-        cols[i * Lp + l] = v;
-      }
-  }
-};
 
 // The engine's view of a feature family; bank kept alive by the caller.
 template <class T>
-detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const ScaledBank<T>& bank) {
+detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const detail::ScaledBank<T>& bank) {
   detail::FeatureSpec<T> fs;
   fs.theta_s = bank.rows.empty() ? nullptr : bank.rows.data();
   fs.theta_t = bank.cols.empty() ? nullptr : bank.cols.data();
@@ -265,7 +239,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const int64_t P = fam.num_columns();
   ASAP_CHECK(L.coef.dim() == 2 && L.coef.size(1) == P && (L.coef.size(0) == 1 || L.coef.size(0) == H),
              "coefficients: expected [1, ", P, "] or [", H, ", ", P, "], found ", L.coef.sizes());
-  const ScaledBank<T> bank(L.theta, fam.slices, s.score_scale);
+  const detail::ScaledBank<T> bank(L.theta, fam.slices, s.score_scale);
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   at::Tensor coef = L.coef;
   if (!(coef.device().is_cpu() && coef.scalar_type() == at::kDouble && coef.is_contiguous()))
@@ -329,7 +303,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, drop);
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   const int64_t P = fam.num_columns();
-  const ScaledBank<T> bank(theta, fam.slices, scale);
+  const detail::ScaledBank<T> bank(theta, fam.slices, scale);
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   // Without a mask every row carries mass and is written below; zeroing a
   // large Psi would start a parallel region of its own (about 60 us at n = 50).

@@ -1,6 +1,7 @@
 // The per-head engine of the fast path (see engine.h and docs/performance.md).
 #include "asap/error.h"
 #include "fast/engine.h"
+#include "fast/slices.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -428,10 +429,7 @@ void Engine<T>::slice_columns(const FeatureSpec<T>& fs, const double* beta, T* p
   T* kp1 = kp1_.get(ldy * d_);
   T* X = X_.get(L * ldx);
   T* Y = Y_.get(L * ldy);
-  kt_.pack_b(nR_, d_, qa_, d_, T(1), qp);
-  kt_.pack_b(nJ_, d_, ka_, d_, T(1), kp1);
-  kt_.gemm_nt(L, nR_, d_, fs.theta_s, d_, qp, X, ldx);
-  kt_.gemm_nt(L, nJ_, d_, fs.theta_s, d_, kp1, Y, ldy);
+  project_slices(kt_, L, d_, fs.theta_s, nR_, qa_, nJ_, ka_, qp, kp1, X, ldx, Y, ldy);
   const int64_t m = nJ_;
   const bool extra = !a.extra_rows.empty();
   pfor(L, [&](int64_t l, int tid) {

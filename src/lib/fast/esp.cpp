@@ -9,6 +9,7 @@
 #include "asap/error.h"
 #include "asap/fast.h"
 #include "fast/common.h"
+#include "fast/slices.h"
 #include "fast/sort.h"
 
 namespace asap {
@@ -24,11 +25,7 @@ void esp_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const int64_t L = theta.size(1);
   const auto& kt = table_of<T>(kernels_for(tuning));
   const int64_t NR = kt.nt_nr, ldx = round_up(n, NR);
-  auto th = theta.to(at::kDouble).contiguous().cpu();
-  std::vector<T> bank(L * d);
-  const T ss = static_cast<T>(std::sqrt(scale));
-  for (int64_t l = 0; l < L; ++l)
-    for (int64_t i = 0; i < d; ++i) bank[l * d + i] = static_cast<T>(th.data_ptr<double>()[i * L + l]) * ss;
+  const ScaledBank<T> bank(theta, L, scale);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
@@ -47,10 +44,7 @@ void esp_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
       T* pk = packk.get(ldx * d);
       T* x = X.get(L * ldx);
       T* y = Y.get(L * ldx);
-      kt.pack_b(n, d, qh, d, T(1), pq);
-      kt.pack_b(n, d, kh, d, T(1), pk);
-      kt.gemm_nt(L, n, d, bank.data(), d, pq, x, ldx);
-      kt.gemm_nt(L, n, d, bank.data(), d, pk, y, ldx);
+      project_slices(kt, L, d, bank.rows.data(), n, qh, n, kh, pq, pk, x, ldx, y, ldx);
       for (int64_t i = 0; i < n; ++i) {
         double sq = 0, sk = 0;
         for (int64_t c = 0; c < d; ++c) {
