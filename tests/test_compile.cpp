@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include "asap/teacher.h"
 #include "asap/verify.h"
+#include "util/select.h"
 
 using namespace asap_test;
 
@@ -906,4 +907,23 @@ TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itsel
   auto cr = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (const auto& s : cr.summary["layers"])
     for (const auto& c : s["candidates"]) CHECK(c["target"] == "closure-ready");
+}
+
+TEST_CASE("compile and verify select layers by name: all, or the named ones in order, or the caller's sentence") {
+  struct Named {
+    std::string name;
+  };
+  const std::vector<Named> all = {{"a"}, {"b"}, {"c"}};
+  auto name_of = [](const Named& x) { return x.name; };
+  auto missing = [](const std::string& n) { return "no layer '" + n + "' here"; };
+  const auto every = asap::detail::select_by_name(all, {}, name_of, missing);
+  REQUIRE(every.size() == 3);
+  CHECK(every[0] == &all[0]);
+  CHECK(every[2] == &all[2]);
+  const auto some = asap::detail::select_by_name(all, {"c", "a"}, name_of, missing);
+  REQUIRE(some.size() == 2);
+  CHECK(some[0] == &all[2]);
+  CHECK(some[1] == &all[0]);
+  CHECK_THROWS_WITH_AS(asap::detail::select_by_name(all, {"b", "z"}, name_of, missing), "no layer 'z' here",
+                       asap::Error);
 }

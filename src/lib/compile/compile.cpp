@@ -24,6 +24,7 @@
 #include "compile/kl_fit.h"
 #include "compile/attn_fit.h"
 #include "compile/phases.h"
+#include "util/select.h"
 #include "io/layer_stream.h"
 
 namespace asap {
@@ -307,16 +308,11 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   const std::string calib_path = calib.path();
   int64_t bytes_read = 0;
 
-  std::vector<const LayerSpec*> layers;
-  if (opt.layers.empty()) {
-    for (const auto& l : spec.layers) layers.push_back(&l);
-  } else {
-    for (const auto& name : opt.layers) {
-      const LayerSpec* l = spec.find(name);
-      ASAP_CHECK(l, "--layers names '", name, "', which teacher spec '", spec_path, "' does not describe");
-      layers.push_back(l);
-    }
-  }
+  const std::vector<const LayerSpec*> layers = detail::select_by_name(
+      spec.layers, opt.layers, [](const LayerSpec& l) { return l.name; },
+      [&](const std::string& name) {
+        return str("--layers names '", name, "', which teacher spec '", spec_path, "' does not describe");
+      });
 
   CompileResult result;
   Artifact& art = result.artifact;

@@ -18,6 +18,7 @@
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "io/layer_stream.h"
+#include "util/select.h"
 #include "util/timing.h"
 
 namespace asap {
@@ -82,16 +83,9 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
   res.artifact = artifact_path;
   res.checkpoint = ck.path;
   res.data = data.path();
-  std::vector<const CompiledLayer*> layers;
-  if (opt.layers.empty()) {
-    for (const auto& l : art.layers) layers.push_back(&l);
-  } else {
-    for (const auto& n : opt.layers) {
-      const CompiledLayer* l = art.find(n);
-      ASAP_CHECK(l, "artifact '", artifact_path, "' has no layer '", n, "'");
-      layers.push_back(l);
-    }
-  }
+  const std::vector<const CompiledLayer*> layers = detail::select_by_name(
+      art.layers, opt.layers, [](const CompiledLayer& l) { return l.spec.name; },
+      [&](const std::string& n) { return str("artifact '", artifact_path, "' has no layer '", n, "'"); });
   for (const CompiledLayer* L : layers) {
     const LayerSpec& s = L->spec;
     const Convention conv = convention_of(s);
