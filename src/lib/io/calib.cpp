@@ -14,6 +14,7 @@
 #include <set>
 
 #include "asap/error.h"
+#include "io/batches.h"
 #include "io/h5util.h"
 
 namespace asap {
@@ -330,12 +331,7 @@ CalibBatch CalibFile::read(const std::string& layer, int64_t start, int64_t coun
     got[0].start = start;
     return got[0];
   }
-  auto cat = [&](at::Tensor CalibBatch::*f) {
-    if (!(got[0].*f).defined()) return at::Tensor();
-    std::vector<at::Tensor> ts;
-    for (auto& g : got) ts.push_back(g.*f);
-    return at::cat(ts, 0);
-  };
+  auto cat = [&](at::Tensor CalibBatch::*f) { return detail::cat_field(got, f); };
   CalibBatch b;
   b.start = start;
   b.x = cat(&CalibBatch::x);

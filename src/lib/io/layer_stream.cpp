@@ -1,4 +1,5 @@
 #include "io/layer_stream.h"
+#include "io/batches.h"
 
 #include <ATen/ATen.h>
 
@@ -89,12 +90,7 @@ HeadBatch LayerStream::read_indices(const std::vector<int64_t>& idx) const {
   }
   ASAP_ASSERT(!parts.empty());
   if (parts.size() == 1) return parts[0];
-  auto cat = [&](at::Tensor HeadBatch::*f) {
-    if (!(parts[0].*f).defined()) return at::Tensor();
-    std::vector<at::Tensor> ts;
-    for (auto& p : parts) ts.push_back(p.*f);
-    return at::cat(ts, 0);
-  };
+  auto cat = [&](at::Tensor HeadBatch::*f) { return detail::cat_field(parts, f); };
   HeadBatch h;
   h.q = cat(&HeadBatch::q);
   h.k = cat(&HeadBatch::k);
