@@ -3,6 +3,7 @@
 // keeps the build files untouched; kernels_impl.h includes no
 // standard-library inline code, so nothing compiled here can be picked by
 // the linker for code running on an older CPU.
+#include "fast/isa_entry.h"
 #include "fast/kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -18,19 +19,7 @@
 #include "fast/kernels_impl.h"
 #pragma GCC pop_options
 
-namespace asap {
-namespace fast {
-namespace detail {
-const Kernels* kernels_avx2() { return &isa_avx2::kTable; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(Kernels, kernels_avx2, &isa_avx2::kTable)
 #else
-namespace asap {
-namespace fast {
-namespace detail {
-const Kernels* kernels_avx2() { return nullptr; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(Kernels, kernels_avx2, nullptr)
 #endif

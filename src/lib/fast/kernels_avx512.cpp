@@ -1,6 +1,7 @@
 // The fused kernels for AVX-512 (64-byte vectors, 32 registers), selected at
 // run time when the CPU and OS support it. See kernels_avx2.cpp for why the
 // instruction set is chosen with `#pragma GCC target`.
+#include "fast/isa_entry.h"
 #include "fast/kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -22,19 +23,7 @@
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-namespace asap {
-namespace fast {
-namespace detail {
-const Kernels* kernels_avx512() { return &isa_avx512::kTable; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(Kernels, kernels_avx512, &isa_avx512::kTable)
 #else
-namespace asap {
-namespace fast {
-namespace detail {
-const Kernels* kernels_avx512() { return nullptr; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(Kernels, kernels_avx512, nullptr)
 #endif

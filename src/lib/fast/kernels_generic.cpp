@@ -1,5 +1,6 @@
 // The fused kernels for the baseline instruction set of the target (SSE2 on
 // x86-64, NEON on AArch64): 16-byte vectors. Always compiled; the fallback.
+#include "fast/isa_entry.h"
 #define ASAP_VBYTES 16
 #define ASAP_ISA_NS isa_generic
 #define ASAP_ISA_NAME "generic"
@@ -9,10 +10,4 @@
 #define ASAP_NN_NV 2
 #include "fast/kernels_impl.h"
 
-namespace asap {
-namespace fast {
-namespace detail {
-const Kernels* kernels_generic() { return &isa_generic::kTable; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(Kernels, kernels_generic, &isa_generic::kTable)

@@ -1,5 +1,6 @@
 // Lane-parallel sorting networks for AVX2 + FMA (32-byte vectors); the
 // instruction set is chosen with `#pragma GCC target`, as in kernels_avx2.cpp.
+#include "fast/isa_entry.h"
 #include "fast/sort_network.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -11,19 +12,7 @@
 #include "fast/sort_impl.h"
 #pragma GCC pop_options
 
-namespace asap {
-namespace fast {
-namespace detail {
-const SortNetKernels* sortnet_avx2() { return &sort_avx2::kSortTable; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(SortNetKernels, sortnet_avx2, &sort_avx2::kSortTable)
 #else
-namespace asap {
-namespace fast {
-namespace detail {
-const SortNetKernels* sortnet_avx2() { return nullptr; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(SortNetKernels, sortnet_avx2, nullptr)
 #endif

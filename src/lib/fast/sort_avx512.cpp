@@ -1,6 +1,7 @@
 // Lane-parallel sorting networks for AVX-512 (64-byte vectors: 16 float32
 // keys or 8 packed float32 (key, position) words per register); the
 // instruction set is chosen with `#pragma GCC target`, as in kernels_avx512.cpp.
+#include "fast/isa_entry.h"
 #include "fast/sort_network.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -18,19 +19,7 @@
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-namespace asap {
-namespace fast {
-namespace detail {
-const SortNetKernels* sortnet_avx512() { return &sort_avx512::kSortTable; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(SortNetKernels, sortnet_avx512, &sort_avx512::kSortTable)
 #else
-namespace asap {
-namespace fast {
-namespace detail {
-const SortNetKernels* sortnet_avx512() { return nullptr; }
-}  // namespace detail
-}  // namespace fast
-}  // namespace asap
+ASAP_FAST_ISA_ENTRY(SortNetKernels, sortnet_avx512, nullptr)
 #endif
