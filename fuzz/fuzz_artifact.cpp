@@ -2,8 +2,8 @@
 // hostile shapes, types and attributes).
 #include <ATen/core/Tensor.h>
 
-#include "asap/artifact.h"
 #include <H5public.h>
+#include "asap/artifact.h"
 
 #include "fuzz_util.h"
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "asap/calib.h"
 #include <H5public.h>
+#include "asap/calib.h"
 
 #include "fuzz_util.h"
 

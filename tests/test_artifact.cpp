@@ -255,7 +255,8 @@ TEST_CASE("artifact: corrupt - wrong format name") {
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_string_attr(f, "format", "asapc-calib", where_of(path)); });
   CHECK(read_error(path) ==
-        "artifact '" + path + "' is not an asapc artifact: root attribute 'format' is 'asapc-calib', expected 'asapc-artifact'");
+        "artifact '" + path +
+            "' is not an asapc artifact: root attribute 'format' is 'asapc-calib', expected 'asapc-artifact'");
 }
 
 TEST_CASE("artifact: corrupt - version 0 or missing") {
@@ -291,11 +292,13 @@ TEST_CASE("artifact: corrupt - coef columns disagree with the feature family") {
     g.unlink("coef");
     h5::write_tensor(g, "coef", at::zeros({3, 6}, at::kDouble), 0, where_of(path));
   });
-  CHECK(read_error(path) == "artifact '" + path +
-                                "': layer 'blocks.0.attn' (/layers/0000): coef has shape [3, 6] but per_head = true and "
-                                "the feature family L5+alpha+softmax has 7 columns, so expected [3, 7]");
+  CHECK(read_error(path) ==
+        "artifact '" + path +
+            "': layer 'blocks.0.attn' (/layers/0000): coef has shape [3, 6] but per_head = true and "
+            "the feature family L5+alpha+softmax has 7 columns, so expected [3, 7]");
   // Rows are checked against per_head too.
-  edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f.openGroup("/layers/0000"), "per_head", 0, where_of(path)); });
+  edit_file(path,
+            [&](H5::H5File& f) { h5::write_int_attr(f.openGroup("/layers/0000"), "per_head", 0, where_of(path)); });
   CHECK(contains(read_error(path), "coef has shape [3, 6] but per_head = false"));
 }
 
@@ -338,8 +341,9 @@ TEST_CASE("artifact: a write that throws midway leaves no file") {
   valid(path);
   art.layers[1] = qkv_layer();
   art.layers[1].coef = at::zeros({2, 1}, at::kDouble);  // per_head is false: needs one row
-  CHECK(contains(error_of([&] { asap::write_artifact(path, art); }),
-                 "coef has shape [2, 1] but per_head = false and the feature family alpha has 1 column, so expected [1, 1]"));
+  CHECK(contains(
+      error_of([&] { asap::write_artifact(path, art); }),
+      "coef has shape [2, 1] but per_head = false and the feature family alpha has 1 column, so expected [1, 1]"));
   CHECK(tmp.entries() == std::vector<std::string>{"a.h5"});
   CHECK(asap::read_artifact(path).layers.size() == 2);
 }
@@ -348,9 +352,12 @@ TEST_CASE("artifact: corrupt - missing or mistyped attributes name the layer and
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { f.openGroup("/layers/0001").removeAttr("heads"); });
-  CHECK(read_error(path) == "artifact '" + path + "': attribute 'heads' of '/layers/0001 (layer 'adapter.attn')' is missing");
-  edit_file(path, [&](H5::H5File& f) { h5::write_string_attr(f.openGroup("/layers/0001"), "heads", "two", where_of(path)); });
-  CHECK(contains(read_error(path), "attribute 'heads' of '/layers/0001 (layer 'adapter.attn')' should be an integer, found string"));
+  CHECK(read_error(path) ==
+        "artifact '" + path + "': attribute 'heads' of '/layers/0001 (layer 'adapter.attn')' is missing");
+  edit_file(path,
+            [&](H5::H5File& f) { h5::write_string_attr(f.openGroup("/layers/0001"), "heads", "two", where_of(path)); });
+  CHECK(contains(read_error(path),
+                 "attribute 'heads' of '/layers/0001 (layer 'adapter.attn')' should be an integer, found string"));
   const std::string p2 = valid(tmp.file("b.h5"));
   edit_file(p2, [&](H5::H5File& f) { f.removeAttr("teacher_sha256"); });
   CHECK(read_error(p2) == "artifact '" + p2 + "': attribute 'teacher_sha256' of '/' is missing");
@@ -375,11 +382,14 @@ TEST_CASE("artifact: corrupt - invalid metadata values") {
   for (const Case& c : cases) {
     CAPTURE(c.attr);
     const std::string path = valid(tmp.file(std::string(c.attr) + ".h5"));
-    edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f.openGroup("/layers/0000"), c.attr, c.value, where_of(path)); });
+    edit_file(path,
+              [&](H5::H5File& f) { h5::write_int_attr(f.openGroup("/layers/0000"), c.attr, c.value, where_of(path)); });
     CHECK(read_error(path) == "artifact '" + path + "': layer 'blocks.0.attn' (/layers/0000): " + c.expect);
   }
   const std::string path = valid(tmp.file("ending.h5"));
-  edit_file(path, [&](H5::H5File& f) { h5::write_string_attr(f.openGroup("/layers/0000"), "ending", "column", where_of(path)); });
+  edit_file(path, [&](H5::H5File& f) {
+    h5::write_string_attr(f.openGroup("/layers/0000"), "ending", "column", where_of(path));
+  });
   CHECK(contains(read_error(path), "attribute 'ending' is 'column' but T = 5 implies 'row'"));
 }
 
@@ -412,7 +422,8 @@ TEST_CASE("artifact: corrupt - non-finite theta and wrong weight shapes") {
     g.unlink("bv");
     h5::write_tensor(g, "bv", at::zeros({12}), 0, where_of(p2));
   });
-  CHECK(read_error(p2) == "artifact '" + p2 + "': layer 'blocks.0.attn' (/layers/0000): weights/bv has shape [12], expected [15]");
+  CHECK(read_error(p2) ==
+        "artifact '" + p2 + "': layer 'blocks.0.attn' (/layers/0000): weights/bv has shape [12], expected [15]");
 
   const std::string p3 = valid(tmp.file("c.h5"));
   edit_file(p3, [&](H5::H5File& f) { f.unlink("/layers/0000/weights/wk"); });
@@ -464,7 +475,8 @@ TEST_CASE("artifact: writer refuses what the reader would refuse") {
   const std::string path = tmp.file("a.h5");
   asap::Artifact art = sample_artifact();
   art.layers[1].spec.name = "blocks.0.attn";
-  CHECK(error_of([&] { asap::write_artifact(path, art); }) == "artifact '" + path + "': layer 'blocks.0.attn' appears twice");
+  CHECK(error_of([&] { asap::write_artifact(path, art); }) ==
+        "artifact '" + path + "': layer 'blocks.0.attn' appears twice");
   art = sample_artifact();
   art.layers.clear();
   CHECK(contains(error_of([&] { asap::write_artifact(path, art); }), "no layers"));
@@ -484,7 +496,8 @@ TEST_CASE("artifact: missing and non-HDF5 files") {
   TempDir tmp;
   CHECK(read_error(tmp.file("none.h5")) == "artifact '" + tmp.file("none.h5") + "': no such file");
   { std::ofstream(tmp.file("x.h5")) << "{\"not\": \"hdf5\"}"; }
-  CHECK(read_error(tmp.file("x.h5")) == "artifact '" + tmp.file("x.h5") + "': not an HDF5 file (no HDF5 signature found)");
+  CHECK(read_error(tmp.file("x.h5")) ==
+        "artifact '" + tmp.file("x.h5") + "': not an HDF5 file (no HDF5 signature found)");
 }
 
 TEST_CASE("artifact: the sinkhorn_dual3 group round trips as format version 2 and is refused in version 1") {
@@ -512,7 +525,7 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       CAPTURE(fam);
       CAPTURE(per_head);
       asap::Artifact art = sample_artifact();
-      auto& L = art.layers[1];  // the q/k/v layer without weights
+      auto& L = art.layers[1];                                          // the q/k/v layer without weights
       L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3};  // the bank holds 2 slices
       L.per_head = per_head;
       L.coef = at::randn({per_head ? L.spec.heads : 1, L.family.num_columns()}, at::kDouble);
@@ -645,11 +658,11 @@ TEST_CASE("artifact: dataset shapes are checked against the layer's attributes b
 
   // A huge 'slices' attribute is refused before slices + 3 columns could overflow.
   const std::string p3 = valid(tmp.file("c.h5"));
-  edit_file(p3, [&](H5::H5File& f) {
-    h5::write_int_attr(f.openGroup("/layers/0000"), "slices", INT64_MAX, where_of(p3));
-  });
-  CHECK(contains(read_error(p3), "(/layers/0000): attribute 'slices' must be in 0..2147483648, found "
-                                 "9223372036854775807"));
+  edit_file(p3,
+            [&](H5::H5File& f) { h5::write_int_attr(f.openGroup("/layers/0000"), "slices", INT64_MAX, where_of(p3)); });
+  CHECK(contains(read_error(p3),
+                 "(/layers/0000): attribute 'slices' must be in 0..2147483648, found "
+                 "9223372036854775807"));
 }
 
 TEST_CASE("artifact: an unwritten fixed-length fit_json string is refused instead of allocating its declared size") {
@@ -664,6 +677,7 @@ TEST_CASE("artifact: an unwritten fixed-length fit_json string is refused instea
     H5Pset_alloc_time(pl.getId(), H5D_ALLOC_TIME_LATE);
     g.createDataSet("fit_json", st, H5::DataSpace(H5S_SCALAR), pl);
   });
-  CHECK(contains(read_error(path), "': dataset '/layers/0000/fit_json' declares shape [] of "
-                                   "string (2147483648 bytes), but only 0 bytes are stored in the file"));
+  CHECK(contains(read_error(path),
+                 "': dataset '/layers/0000/fit_json' declares shape [] of "
+                 "string (2147483648 bytes), but only 0 bytes are stored in the file"));
 }

@@ -206,7 +206,8 @@ TEST_CASE("calib: files written the way h5py writes them are read (fixed-length 
     H5::Group g = layers.createGroup("enc.attn");
     auto x = at::arange(N * n * d, at::kFloat).reshape({N, n, d});
     hsize_t xd[3] = {N, n, d};
-    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, xd)).write(x.data_ptr(), H5::PredType::NATIVE_FLOAT);
+    g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, xd))
+        .write(x.data_ptr(), H5::PredType::NATIVE_FLOAT);
     // numpy bool -> HDF5 enum {FALSE = 0, TRUE = 1} over int8.
     H5::EnumType bt(H5::PredType::NATIVE_INT8);
     int8_t f0 = 0, t1 = 1;
@@ -229,7 +230,8 @@ TEST_CASE("calib: wrong or missing format attribute is refused") {
   const std::string path = tmp.file("c.h5");
   Sample s = make_sample(8, 4);
   asap::write_calib(path, s.layers, s.shared);
-  edit_file(path, [&](H5::H5File& f) { asap::detail::h5::write_string_attr(f, "format", "asapc-artifact", where_of(path)); });
+  edit_file(path,
+            [&](H5::H5File& f) { asap::detail::h5::write_string_attr(f, "format", "asapc-artifact", where_of(path)); });
   CHECK(error_of([&] { asap::CalibFile cf(path); }) ==
         "calibration file '" + path +
             "' is not an asapc calibration file: root attribute 'format' is 'asapc-artifact', expected 'asapc-calib'");
@@ -275,7 +277,8 @@ TEST_CASE("calib: a layer holding both x and q is refused") {
   asap::CalibLayerData both = s.layers[0];
   both.q = at::zeros({8, 2, 4, 3});
   both.k = both.q;
-  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("w.h5"), {both}); }), "must have either x or q+k (both given)"));
+  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("w.h5"), {both}); }),
+                 "must have either x or q+k (both given)"));
   CHECK_FALSE(fs::exists(tmp.file("w.h5")));
 }
 
@@ -287,7 +290,8 @@ TEST_CASE("calib: projected layers need q and k of one shape") {
   edit_file(path, [&](H5::H5File& f) { f.openGroup("/layers/adapter.attn").unlink("k"); });
   CHECK(contains(error_of([&] { asap::CalibFile cf(path); }), "layer 'adapter.attn' has 'q' but no 'k'"));
   edit_file(path, [&](H5::H5File& f) {
-    asap::detail::h5::write_tensor(f.openGroup("/layers/adapter.attn"), "k", at::zeros({8, 2, 4, 5}), 0, where_of(path));
+    asap::detail::h5::write_tensor(f.openGroup("/layers/adapter.attn"), "k", at::zeros({8, 2, 4, 5}), 0,
+                                   where_of(path));
   });
   CHECK(contains(error_of([&] { asap::CalibFile cf(path); }),
                  "layer 'adapter.attn' dataset 'k' has shape [8, 2, 4, 5] but 'q' has [8, 2, 4, 3]"));
@@ -314,9 +318,12 @@ TEST_CASE("calib: mask shape mismatch is refused, per layer and shared") {
     asap::detail::h5::write_tensor(f, "mask", at::ones({7, 4}, at::kByte), 0, where_of(p2));
   });
   CHECK(contains(error_of([&] { asap::CalibFile cf(p2); }),
-                 "shared mask '/mask' has shape [7, 4] but layer 'blocks.1.attn' (which has no mask of its own) needs [N, n] = [8, 4]"));
+                 "shared mask '/mask' has shape [7, 4] but layer 'blocks.1.attn' (which has no mask of its own) needs "
+                 "[N, n] = [8, 4]"));
   // The writer checks mask shapes too.
-  CHECK(contains(error_of([&] { asap::write_calib(tmp.file("w.h5"), s.layers, at::ones({8, 3})); }),
+  CHECK(contains(error_of([&] {
+                   asap::write_calib(tmp.file("w.h5"), s.layers, at::ones({8, 3}));
+                 }),
                  "shared mask (used by layer 'blocks.1.attn') should be [N, n] = [8, 4], found [8, 3]"));
 }
 
@@ -420,7 +427,9 @@ TEST_CASE("calib: write_calib replaces an existing file and cleans up after a fa
   asap::CalibLayerData ints = s.layers[1];
   ints.name = "ints";
   ints.x = at::zeros({8, 4, 5}, at::kInt);
-  CHECK(contains(error_of([&] { asap::write_calib(path, {s.layers[0], half, ints}); }),
+  CHECK(contains(error_of([&] {
+                   asap::write_calib(path, {s.layers[0], half, ints});
+                 }),
                  "layer 'ints' tensor 'x' should be floating point, found Int"));
   CHECK(tmp.entries() == std::vector<std::string>{"c.h5"});
   CHECK(asap::CalibFile(path).layer_names().size() == 3);  // the old file is untouched
@@ -448,7 +457,8 @@ TEST_CASE("calib: a set of files reads as one, numbered through in order") {
   CHECK(set.examples_per_file("adapter.attn") == std::vector<int64_t>{70, 1, 129});
   for (const std::string layer : {"blocks.0.attn", "blocks.1.attn", "adapter.attn"}) {
     CHECK(set.info(layer).N == 200);
-    for (auto [start, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 200}, {65, 10}, {70, 1}, {69, 3}, {150, 50}}) {
+    for (auto [start, count] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 200}, {65, 10}, {70, 1}, {69, 3}, {150, 50}}) {
       CAPTURE(start);
       auto a = whole.read(layer, start, count), b = set.read(layer, start, count);
       CHECK(b.start == start);
@@ -477,8 +487,7 @@ namespace {
 
 // A calibration file whose layer 'l0' has dataset x [N, n, d] float32 made by
 // `make` (which creates it under the given group, possibly without data).
-std::string calib_with_x(const TempDir& tmp, const std::string& name,
-                         const std::function<void(H5::Group&)>& make) {
+std::string calib_with_x(const TempDir& tmp, const std::string& name, const std::function<void(H5::Group&)>& make) {
   const std::string path = tmp.file(name);
   H5::H5File f(path, H5F_ACC_TRUNC);
   asap::detail::h5::Where w = where_of(path);

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -59,7 +59,8 @@ std::string load_error(const std::string& path) {
   return "";
 }
 
-#define CHECK_HAS(text, part) CHECK_MESSAGE((text).find(part) != std::string::npos, "'" << (text) << "' lacks '" << (part) << "'")
+#define CHECK_HAS(text, part) \
+  CHECK_MESSAGE((text).find(part) != std::string::npos, "'" << (text) << "' lacks '" << (part) << "'")
 
 // --- little-endian writers for hand-built archives and pickles ---
 void put16(std::string& s, uint16_t v) { s += char(v & 0xff), s += char(v >> 8); }
@@ -138,17 +139,28 @@ std::string floats(std::vector<float> v) { return std::string(reinterpret_cast<c
 // --- expected.json comparison ---
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return "other";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return "other";
   }
 }
 
@@ -233,10 +245,10 @@ TEST_CASE("checkpoint: DataParallel 'module.' prefix is stripped") {
 TEST_CASE("checkpoint: whole pickled nn.Module of custom classes") {
   Checkpoint ck = check_fixture("module.pt");
   CHECK(ck.has("blocks.0.proj.weight"));
-  CHECK(ck.has("blocks.2.scale"));                // persistent buffer
-  CHECK_FALSE(ck.has("blocks.0.cache"));          // non-persistent buffer
-  CHECK_FALSE(ck.has("blocks.0.proj.bias"));      // bias=False registers None
-  CHECK_FALSE(ck.has("unused"));                  // None buffer
+  CHECK(ck.has("blocks.2.scale"));            // persistent buffer
+  CHECK_FALSE(ck.has("blocks.0.cache"));      // non-persistent buffer
+  CHECK_FALSE(ck.has("blocks.0.proj.bias"));  // bias=False registers None
+  CHECK_FALSE(ck.has("unused"));              // None buffer
   CHECK(ck.get("steps").item<int64_t>() == 7);
 }
 
@@ -259,8 +271,8 @@ TEST_CASE("checkpoint: ZIP64 archive with another top folder name") {
 }
 
 TEST_CASE("checkpoint: hand-written pickle with a column-major view") {
-  TempFile f("colmajor.pt", make_zip({{"x/data.pkl", tensor_pickle(6, 0, {2, 3}, {1, 2})},
-                                      {"x/data/0", floats({0, 1, 2, 3, 4, 5})}}));
+  TempFile f("colmajor.pt",
+             make_zip({{"x/data.pkl", tensor_pickle(6, 0, {2, 3}, {1, 2})}, {"x/data/0", floats({0, 1, 2, 3, 4, 5})}}));
   Checkpoint ck = load_checkpoint(f.path);
   at::Tensor want = at::tensor({0.f, 2.f, 4.f, 1.f, 3.f, 5.f}).view({2, 3});
   CHECK(ck.get("w").equal(want));
@@ -269,8 +281,7 @@ TEST_CASE("checkpoint: hand-written pickle with a column-major view") {
 
 TEST_CASE("checkpoint unpickler: protocol 0 text opcodes") {
   using K = asap::detail::Value::Kind;
-  const std::string p =
-      "(lp0\nI1\naI01\naF1.5\naS'a\\'b'\np1\naL12345678901234567890L\nag1\na(dp2\nVk\\u00e9\nI7\nsa.";
+  const std::string p = "(lp0\nI1\naI01\naF1.5\naS'a\\'b'\np1\naL12345678901234567890L\nag1\na(dp2\nVk\\u00e9\nI7\nsa.";
   asap::detail::Pickle pk = asap::detail::unpickle(p, "test");
   const auto& items = pk.root->items;
   REQUIRE(pk.root->kind == K::List);
@@ -288,10 +299,16 @@ TEST_CASE("checkpoint unpickler: protocol 0 text opcodes") {
 
 TEST_CASE("checkpoint unpickler: protocol 4 sets, bytes, longs and stack opcodes") {
   using K = asap::detail::Value::Kind;
-  std::string p = "\x80\x04](\x8f(K\x01K\x02K\x01\x90(K\x03\x91" "C\x02hi";
+  std::string p =
+      "\x80\x04](\x8f(K\x01K\x02K\x01\x90(K\x03\x91"
+      "C\x02hi";
   p += std::string("\x8a\x02\x00\xff", 4) + "G";
   p += std::string("\x40\x0c\x00\x00\x00\x00\x00\x00", 8);
-  p += "K\x09" "0" "(K\x01K\x02" "1" "N2e.";
+  p += "K\x09"
+       "0"
+       "(K\x01K\x02"
+       "1"
+       "N2e.";
   asap::detail::Pickle pk = asap::detail::unpickle(p, "test");
   REQUIRE(pk.root->kind == K::List);
   const auto& it = pk.root->items;
@@ -426,7 +443,8 @@ TEST_CASE("checkpoint rejects the legacy torch.save format") {
 
 TEST_CASE("checkpoint rejects a compressed zip entry") {
   std::string msg = load_error(fixture("compressed.pt"));
-  CHECK_HAS(msg, "checkpoint '" + fixture("compressed.pt") + "': zip entry 'state_dict/data.pkl' is compressed (method 8, deflate)");
+  CHECK_HAS(msg, "checkpoint '" + fixture("compressed.pt") +
+                     "': zip entry 'state_dict/data.pkl' is compressed (method 8, deflate)");
 }
 
 TEST_CASE("checkpoint rejects a record that fails its CRC") {
@@ -465,16 +483,16 @@ TEST_CASE("checkpoint rejects an unsupported safetensors dtype") {
 }
 
 TEST_CASE("checkpoint rejects a storage record smaller than its persistent id says") {
-  TempFile f("smallrec.pt", make_zip({{"a/data.pkl", tensor_pickle(6, 0, {2, 3}, {3, 1})},
-                                      {"a/data/0", floats({0, 1, 2, 3})}}));
+  TempFile f("smallrec.pt",
+             make_zip({{"a/data.pkl", tensor_pickle(6, 0, {2, 3}, {3, 1})}, {"a/data/0", floats({0, 1, 2, 3})}}));
   CHECK_HAS(load_error(f.path), "checkpoint '" + f.path +
                                     "': storage record 'a/data/0' holds 16 bytes but tensor 'w' says it has 6 float32 "
                                     "elements");
 }
 
 TEST_CASE("checkpoint rejects a tensor whose size and stride reach past its storage") {
-  TempFile f("extent.pt", make_zip({{"a/data.pkl", tensor_pickle(4, 1, {2, 2}, {2, 1})},
-                                    {"a/data/0", floats({0, 1, 2, 3})}}));
+  TempFile f("extent.pt",
+             make_zip({{"a/data.pkl", tensor_pickle(4, 1, {2, 2}, {2, 1})}, {"a/data/0", floats({0, 1, 2, 3})}}));
   CHECK_HAS(load_error(f.path), "checkpoint '" + f.path +
                                     "': tensor 'w' (shape [2, 2], stride [2, 1], offset 1) reaches past the end of "
                                     "its storage 'a/data/0', which holds only 4 float32 elements");
@@ -488,7 +506,8 @@ TEST_CASE("checkpoint rejects a missing storage record") {
 TEST_CASE("checkpoint rejects an unsupported storage dtype") {
   TempFile f("complex.pt", make_zip({{"a/data.pkl", tensor_pickle(2, 0, {2}, {1}, "ComplexFloatStorage")},
                                      {"a/data/0", floats({0, 1, 2, 3})}}));
-  CHECK_HAS(load_error(f.path), "checkpoint '" + f.path + "': data.pkl: unsupported storage type torch.ComplexFloatStorage");
+  CHECK_HAS(load_error(f.path),
+            "checkpoint '" + f.path + "': data.pkl: unsupported storage type torch.ComplexFloatStorage");
 }
 
 TEST_CASE("checkpoint rejects quantized and other special tensors") {
@@ -540,10 +559,18 @@ TEST_CASE("checkpoint: random corruption gives asap::Error, never a crash") {
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const std::size_t at = rng() % s.size();
       switch (rng() % 4) {
-        case 0: s[at] = char(rng()); break;
-        case 1: s.erase(at, 1 + rng() % 8); break;
-        case 2: s.insert(at, 1, char(rng())); break;
-        default: s.resize(at); break;
+        case 0:
+          s[at] = char(rng());
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 8);
+          break;
+        case 2:
+          s.insert(at, 1, char(rng()));
+          break;
+        default:
+          s.resize(at);
+          break;
       }
     }
     return s;

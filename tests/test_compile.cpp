@@ -8,17 +8,17 @@
 #include <random>
 #include <thread>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include "asap/artifact.h"
 #include "asap/compile.h"
 #include "asap/error.h"
 #include "asap/runtime.h"
+#include "asap/teacher.h"
+#include "asap/verify.h"
 #include "compile/choose.h"
 #include "compile_fixture.h"
 #include "io/layer_stream.h"
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include "asap/teacher.h"
-#include "asap/verify.h"
 #include "util/select.h"
 
 using namespace asap_test;
@@ -98,9 +98,9 @@ TEST_CASE("compile: choice on known latencies -- each objective, lazy timing, Si
     CHECK(ch.target_met);
     CHECK(ch.teacher_latency == doctest::Approx(6.0));
     CHECK(c[static_cast<size_t>(ch.index)].latency == doctest::Approx(3.36));
-    CHECK(lat.was_timed("asap-L64+alpha+softmax-k3"));   // more accurate: had to be timed, and is too slow
+    CHECK(lat.was_timed("asap-L64+alpha+softmax-k3"));  // more accurate: had to be timed, and is too slow
     CHECK(lat.was_timed("asap-alpha-k6"));  // more accurate too: timed whatever its passes (no latency bound skips it)
-    CHECK(!lat.was_timed("asap-alpha+softmax-k1"));      // less accurate than the winner: never timed
+    CHECK(!lat.was_timed("asap-alpha+softmax-k1"));  // less accurate than the winner: never timed
     CHECK(ch.decision.find("L16+alpha+softmax k=2") == 0);
     CHECK(ch.decision.find("1.79x") != std::string::npos);
     CHECK(ch.decision.find("sinkhorn T'=3") != std::string::npos);  // the best Sinkhorn no slower: T' <= 3.36 s
@@ -179,8 +179,8 @@ int exhaustive_choice(const std::vector<OperatorCandidate>& c, const asap::compi
   std::vector<int> ok;
   for (int i = 0; i < static_cast<int>(c.size()); ++i) {
     const auto& x = c[static_cast<size_t>(i)];
-    if (x.selectable && (o.fixed_closures == 0 || x.op.kind != asap::OperatorKind::kAsap ||
-                         x.op.closures == o.fixed_closures))
+    if (x.selectable &&
+        (o.fixed_closures == 0 || x.op.kind != asap::OperatorKind::kAsap || x.op.closures == o.fixed_closures))
       ok.push_back(i);
   }
   auto more_accurate = [&](int a, int b) {  // error, then passes, then candidate order
@@ -223,8 +223,14 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
     c.push_back(asap_op(0, true, 4, 0.01));   // 1 + 4 = 5 passes
     c.push_back(asap_op(16, true, 2, 0.05));  // 3 passes
     MapLatency lat;
-    lat.t = {{"teacher", 6}, {"sinkhorn-1", 1}, {"sinkhorn-2", 2}, {"sinkhorn-3", 3}, {"sinkhorn-4", 4},
-             {"sinkhorn-5", 5}, {"asap-alpha+softmax-k4", 3.0}, {"asap-L16+alpha+softmax-k2", 3.5}};
+    lat.t = {{"teacher", 6},
+             {"sinkhorn-1", 1},
+             {"sinkhorn-2", 2},
+             {"sinkhorn-3", 3},
+             {"sinkhorn-4", 4},
+             {"sinkhorn-5", 5},
+             {"asap-alpha+softmax-k4", 3.0},
+             {"asap-L16+alpha+softmax-k2", 3.5}};
     o.min_speedup = 1.5;
     auto ch = asap::compile_detail::choose_operator(c, spec, o, lat);
     CHECK(c[static_cast<size_t>(ch.index)].name == "alpha+softmax k=4");
@@ -254,8 +260,7 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
         const int64_t slices[] = {0, 4, 16, 64};
         auto x = asap_op(slices[rng() % 4], rng() % 2 == 0, 1 + static_cast<int>(rng() % 4), 0.5 * u(rng));
         c.push_back(x);
-        if (!lat.t.count(x.op.key()))
-          lat.t[x.op.key()] = (fixed + x.op.lse_passes() * pass) * (0.3 + 1.2 * u(rng));
+        if (!lat.t.count(x.op.key())) lat.t[x.op.key()] = (fixed + x.op.lse_passes() * pass) * (0.3 + 1.2 * u(rng));
       }
       if (trial % 3 == 0)  // --no-zero-parameter: only the maps are selectable
         for (auto& x : c) x.selectable = x.op.kind == K::kAsap;
@@ -390,7 +395,9 @@ TEST_CASE("compile: --no-zero-parameter finds a map or names the bar none met") 
   }
 }
 
-TEST_CASE("compile: fixture ViT end to end under --objective fidelity, choices respect the budget and are the held-out best") {
+TEST_CASE(
+    "compile: fixture ViT end to end under --objective fidelity, choices respect the budget and are the held-out "
+    "best") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 60, 1);
   asap::write_spec(dir / "spec.json", vit_spec(6));
@@ -448,8 +455,7 @@ TEST_CASE("compile: fixture ViT end to end under --objective fidelity, choices r
   at::manual_seed(3);
   auto x = at::randn({2, 17, 32});
   asap::CompiledModel mem(r.artifact);
-  for (const auto& name : back->layer_names())
-    CHECK_CLOSE_T(back->forward(name, x), mem.forward(name, x), 0.0);
+  for (const auto& name : back->layer_names()) CHECK_CLOSE_T(back->forward(name, x), mem.forward(name, x), 0.0);
 }
 
 TEST_CASE("compile: the default objective on known latencies, Sinkhorn errors match the reference loop") {
@@ -492,9 +498,11 @@ TEST_CASE("compile: the default objective on known latencies, Sinkhorn errors ma
     if (asap::in_heldout_split(1234, 0.2, e)) idx.push_back(e);
   auto b = stream.read_indices(idx);
   const auto conv = asap::convention_of(spec);
-  auto At = asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, 6, conv, true).A.to(at::kDouble);
+  auto At =
+      asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, 6, conv, true).A.to(at::kDouble);
   for (int Tp = 1; Tp <= 5; ++Tp) {
-    auto A = asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, Tp, conv, true).A.to(at::kDouble);
+    auto A =
+        asap::run_teacher_reference(b.q, b.k, at::Tensor(), b.mask, spec.score_scale, Tp, conv, true).A.to(at::kDouble);
     const double ref = ((A - At).pow(2).sum({-2, -1}).sqrt() / At.pow(2).sum({-2, -1}).sqrt()).mean().item<double>();
     CHECK(s["sinkhorn_heldout_attention_error"][Tp - 1].get<double>() == doctest::Approx(ref).epsilon(1e-4));
   }
@@ -557,7 +565,7 @@ TEST_CASE("compile: families without slices are candidates, --no-zero-parameter 
   const auto& L = r.artifact.layers[0];
   CHECK(L.kind == asap::OperatorKind::kAsap);
   CHECK(L.family.slices == 0);
-  CHECK(L.theta.size(1) == 0);  // the artifact keeps the bank prefix the family uses
+  CHECK(L.theta.size(1) == 0);                               // the artifact keeps the bank prefix the family uses
   CHECK(!r.summary["layers"][0]["target_met"].get<bool>());  // nothing ASAP reaches 1.25x here
   CHECK(r.summary["layers"][0]["chosen"]["latency_s"].get<double>() < 6.0);
   lat->asap_extra = 10;  // no map is faster than the teacher: refused, not the teacher stored
@@ -572,7 +580,8 @@ TEST_CASE("compile: a latency table from a file drives the choice, a missing key
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 60, 1);
   asap::write_spec(dir / "spec.json", vit_spec(6));
-  const std::string loops = R"("teacher": 6, "sinkhorn-1": 1, "sinkhorn-2": 2, "sinkhorn-3": 3, "sinkhorn-4": 4, "sinkhorn-5": 5)";
+  const std::string loops =
+      R"("teacher": 6, "sinkhorn-1": 1, "sinkhorn-2": 2, "sinkhorn-3": 3, "sinkhorn-4": 4, "sinkhorn-5": 5)";
   {
     std::ofstream f(dir / "lat.json");
     f << "{\"*\": {" << loops << "}}";
@@ -667,7 +676,8 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
     CHECK(hist[i]["objective"].get<double>() < hist[i - 1]["objective"].get<double>());
   // KL never ends worse than its LS warm start on held-out attention error:
   // either it is no worse, or the LS coefficients are what the artifact holds.
-  const double e_ls = kl["heldout_attention_error_ls"].get<double>(), e_kl = kl["heldout_attention_error_kl"].get<double>();
+  const double e_ls = kl["heldout_attention_error_ls"].get<double>(),
+               e_kl = kl["heldout_attention_error_kl"].get<double>();
   o.fit = "ls";
   o.objective = asap::Objective::kFidelity;  // the same operator as the KL compile's, whatever the timings
   auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
@@ -715,7 +725,8 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const double e_ls = af["heldout_attention_error_ls"].get<double>(),
                e_re = af["heldout_attention_error_refit"].get<double>();
-  CHECK(e_ls == doctest::Approx(ls.summary["layers"][0]["chosen"]["heldout_attention_error"].get<double>()).epsilon(1e-6));
+  CHECK(e_ls ==
+        doctest::Approx(ls.summary["layers"][0]["chosen"]["heldout_attention_error"].get<double>()).epsilon(1e-6));
   const bool fell_back = af["fell_back_to_ls"];
   CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef) == fell_back);
   CHECK(r.artifact.layers[0].family.name() == ls.artifact.layers[0].family.name());
@@ -748,9 +759,10 @@ TEST_CASE("compile: refuses T = 1, a layer missing from the calibration file, a 
   d.x = at::randn({12, 17, 24});
   asap::write_calib(dir / "narrow.h5", {d});
   o.layers = {"transformer.layers.0.0.fn"};
-  CHECK_THROWS_WITH_AS(asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "narrow.h5", o),
-                       doctest::Contains("has activations of width d_model = 24 but the checkpoint's projections expect 32"),
-                       asap::Error);
+  CHECK_THROWS_WITH_AS(
+      asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "narrow.h5", o),
+      doctest::Contains("has activations of width d_model = 24 but the checkpoint's projections expect 32"),
+      asap::Error);
   // Sequence length against the ViT position embedding [1, 17, 32].
   d.x = at::randn({12, 9, 32});
   asap::write_calib(dir / "short.h5", {d});
@@ -817,7 +829,7 @@ TEST_CASE("compile: a compile killed between writing and renaming leaves the old
     const std::string f = e.path().filename();
     if (f.rfind("out.h5.tmp-", 0) == 0) temps.push_back(e.path());
   }
-  REQUIRE(temps.size() == 1);  // what such a kill leaves behind (README)
+  REQUIRE(temps.size() == 1);                               // what such a kill leaves behind (README)
   CHECK(asap::read_artifact(temps[0]).layers.size() == 2);  // complete, just not renamed
   // Without the kill the same command replaces the old file.
   CHECK(run_cmd(cmd.substr(cmd.find(' ') + 1), &out) == 0);

@@ -17,8 +17,8 @@ struct EnvScope {
   std::vector<std::string> unset_after;
   EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
     for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
-                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID",
-                          "SLURM_NTASKS", "SLURM_LOCALID"}) {
+                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS",
+                          "SLURM_LOCALID"}) {
       if (const char* v = std::getenv(k)) saved.emplace_back(k, v);
       unsetenv(k);
     }
@@ -26,8 +26,8 @@ struct EnvScope {
   }
   ~EnvScope() {
     for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
-                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID",
-                          "SLURM_NTASKS", "SLURM_LOCALID"})
+                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS",
+                          "SLURM_LOCALID"})
       unsetenv(k);
     for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
   }

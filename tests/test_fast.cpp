@@ -5,8 +5,8 @@
 // score tiles.
 #include <ATen/ATen.h>
 
-#include <thread>
 #include <ATen/Parallel.h>
+#include <thread>
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +28,6 @@ using asap_test::rel_err;
 using asap_test::tol_of;
 
 namespace {
-
 
 at::Tensor make_mask(int64_t B, int64_t n, int seed) {
   auto m = at::ones({B, n}, at::kBool);
@@ -338,11 +337,13 @@ TEST_CASE("fast: radix sort is a stable sort with ties by index") {
     std::iota(expect.begin(), expect.end(), 0);
     const double* p = v.data_ptr<double>();
     std::stable_sort(expect.begin(), expect.end(), [p](int32_t a, int32_t b) { return p[a] < p[b]; });
-    asap::fast::detail::sort_order<double>(m, [p](int64_t r) { return p[r]; }, s64, order);
+    asap::fast::detail::sort_order<double>(
+        m, [p](int64_t r) { return p[r]; }, s64, order);
     CHECK(order == expect);
     auto vf = v.to(at::kFloat).contiguous();
     const float* pf = vf.data_ptr<float>();
-    asap::fast::detail::sort_order<float>(m, [pf](int64_t r) { return pf[r]; }, s32, order);
+    asap::fast::detail::sort_order<float>(
+        m, [pf](int64_t r) { return pf[r]; }, s32, order);
     CHECK(order == expect);
     // The packed (key, position) sort and the values-only sort.
     std::vector<double> sorted(m), values(m);
@@ -361,7 +362,8 @@ TEST_CASE("fast: radix sort is a stable sort with ties by index") {
     const float* pr = r.data_ptr<float>();
     std::iota(expect.begin(), expect.end(), 0);
     std::stable_sort(expect.begin(), expect.end(), [pr](int32_t a, int32_t b) { return pr[a] < pr[b]; });
-    asap::fast::detail::sort_order<float>(m, [pr](int64_t i) { return pr[i]; }, s32, order);
+    asap::fast::detail::sort_order<float>(
+        m, [pr](int64_t i) { return pr[i]; }, s32, order);
     CHECK(order == expect);
     asap::fast::detail::sorted_with_order(m, pr, s32, order, sorted.data());
     CHECK(order == expect);
@@ -506,8 +508,8 @@ TEST_CASE("fast: features match the reference (families, masks, ties)") {
 }
 
 namespace {
-asap::CompiledLayer make_layer(int64_t H, int64_t d, const asap::FeatureFamily& fam, bool per_head, bool drop,
-                               int T, double eps, bool mult) {
+asap::CompiledLayer make_layer(int64_t H, int64_t d, const asap::FeatureFamily& fam, bool per_head, bool drop, int T,
+                               double eps, bool mult) {
   asap::CompiledLayer L;
   L.spec.name = "fast.layer";
   L.spec.layout = asap::ProjLayout::kNone;
@@ -798,8 +800,7 @@ TEST_CASE("fast: the public entry points run the fast path on CPU and the refere
   // themselves refuse what they do not handle instead of calling the
   // reference (one direction: runtime -> fast, runtime -> reference).
   CHECK_FALSE(asap::fast::handles(q.to(at::kHalf)));
-  CHECK_THROWS_AS(asap::fast::teacher(q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, s, 6, c),
-                  asap::Error);
+  CHECK_THROWS_AS(asap::fast::teacher(q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, s, 6, c), asap::Error);
   auto meta = at::empty({B, H, n, d}, at::TensorOptions().device(at::kMeta));
   CHECK_FALSE(asap::fast::handles(q, meta));
   CHECK_THROWS_AS(asap::fast::teacher(q, meta, v, mask, s, 6, c), asap::Error);
@@ -813,13 +814,14 @@ TEST_CASE("fast: the public entry points run the fast path on CPU and the refere
   Lsink.kind = asap::OperatorKind::kSinkhorn;
   Lsink.sinkhorn_steps = 3;
   CHECK_THROWS_AS(asap::fast::asap_layer(Lsink, q, k, v, mask), asap::Error);
-  CHECK(at::equal(asap::run_layer(Lsink, q, k, v, mask, {}).out,
-                  asap::fast::teacher(q, k, v, mask, L.spec.score_scale, 3, asap::convention_of(L.spec), false, {},
-                                      false).O));
+  CHECK(at::equal(
+      asap::run_layer(Lsink, q, k, v, mask, {}).out,
+      asap::fast::teacher(q, k, v, mask, L.spec.score_scale, 3, asap::convention_of(L.spec), false, {}, false).O));
   CHECK_THROWS_AS(asap::run_layer(L, q.to(at::kInt), k.to(at::kInt), v.to(at::kInt), mask, o), asap::Error);
   CHECK(at::equal(asap::run_layer(L, q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), mask, o).out,
                   asap::run_layer(L, q.to(at::kHalf).to(at::kFloat), k.to(at::kHalf).to(at::kFloat),
-                                  v.to(at::kHalf).to(at::kFloat), mask, o).out.to(at::kHalf)));
+                                  v.to(at::kHalf).to(at::kFloat), mask, o)
+                      .out.to(at::kHalf)));
 }
 
 TEST_CASE("fast: ESP hard-sort attention matches a direct implementation") {

@@ -91,7 +91,8 @@ TEST_CASE("kl: gradient and Hessian match finite differences (pooled, per head, 
         for (int64_t a = 0; a < P; ++a) {
           auto e = at::zeros_like(beta);
           e[g][a] = h;
-          auto vp = asap::kl_evaluate(src, beta + e, 1.0, lam, true), vm = asap::kl_evaluate(src, beta - e, 1.0, lam, true);
+          auto vp = asap::kl_evaluate(src, beta + e, 1.0, lam, true),
+               vm = asap::kl_evaluate(src, beta - e, 1.0, lam, true);
           num_grad[g][a] = (vp.F - vm.F) / (2 * h);
           num_hess[g].select(1, a).copy_((vp.grad[g] - vm.grad[g]) / (2 * h));
         }

@@ -7,10 +7,10 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
-#include <map>
-#include <set>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,21 +80,19 @@ namespace {
 
 const std::map<std::string, int>& folder_layers() {
   static const std::map<std::string, int> m = {
-      {"util", 0},  {"checkpoint", 1}, {"report", 1}, {"model", 2},   {"fast", 3},   {"math", 3},
-      {"io", 3},    {"runtime", 4},    {"dist", 4},   {"compile", 5}, {"verify", 6},
+      {"util", 0}, {"checkpoint", 1}, {"report", 1}, {"model", 2},   {"fast", 3},   {"math", 3},
+      {"io", 3},   {"runtime", 4},    {"dist", 4},   {"compile", 5}, {"verify", 6},
   };
   return m;
 }
 
 const std::map<std::string, std::string>& header_owners() {
   static const std::map<std::string, std::string> m = {
-      {"error.h", "util"},       {"checkpoint.h", "checkpoint"}, {"report.h", "report"},
-      {"spec.h", "model"},       {"layer.h", "model"},           {"layer_call.h", "model"},
-      {"types.h", "model"},      {"fast.h", "fast"},             {"teacher.h", "math"},
-      {"operator.h", "math"},    {"features.h", "math"},         {"fit.h", "math"},
-      {"metrics.h", "math"},     {"artifact.h", "io"},           {"calib.h", "io"},
-      {"runtime.h", "runtime"},  {"dist.h", "dist"},             {"compile.h", "compile"},
-      {"verify.h", "verify"},
+      {"error.h", "util"},   {"checkpoint.h", "checkpoint"}, {"report.h", "report"}, {"spec.h", "model"},
+      {"layer.h", "model"},  {"layer_call.h", "model"},      {"types.h", "model"},   {"fast.h", "fast"},
+      {"teacher.h", "math"}, {"operator.h", "math"},         {"features.h", "math"}, {"fit.h", "math"},
+      {"metrics.h", "math"}, {"artifact.h", "io"},           {"calib.h", "io"},      {"runtime.h", "runtime"},
+      {"dist.h", "dist"},    {"compile.h", "compile"},       {"verify.h", "verify"},
   };
   return m;
 }
@@ -139,7 +137,8 @@ TEST_CASE("layering: no folder of src/lib includes a higher layer or a sibling")
     if (!e.is_directory()) continue;
     const std::string folder = e.path().filename().string();
     seen.insert(folder);
-    REQUIRE_MESSAGE(folder_layers().count(folder), "src/lib/" << folder << " has no layer: add it here and to docs/architecture.md");
+    REQUIRE_MESSAGE(folder_layers().count(folder),
+                    "src/lib/" << folder << " has no layer: add it here and to docs/architecture.md");
     for (const auto& f : fs::directory_iterator(e.path()))
       for (const auto& hit : upward_includes(f.path(), folder)) FAIL_CHECK(hit);
   }
@@ -161,7 +160,7 @@ TEST_CASE("layering: the check finds an upward and a sibling include") {
   std::ofstream(side) << "#include \"asap/teacher.h\"\n#include \"fast/engine.h\"\n";
   std::ofstream(down) << "#include \"asap/types.h\"\n#include \"util/timing.h\"\n#include <vector>\n";
   CHECK(upward_includes(up, "io").size() == 1);
-  CHECK(upward_includes(side, "fast").size() == 1);   // math is fast's sibling
+  CHECK(upward_includes(side, "fast").size() == 1);  // math is fast's sibling
   CHECK(upward_includes(side, "io").size() == 2);
   CHECK(upward_includes(down, "fast").empty());
   fs::remove_all(dir);

@@ -91,7 +91,8 @@ TEST_CASE("report: svg log axes get readable ticks") {
   {
     Plot p(400, 300, Axis{25, 220, true, false, "ms"}, Axis{0.01, 1, true, false, "err"});
     const auto s = p.build("t");
-    for (const char* t : {">30<", ">50<", ">100<", ">200<", ">0.01<", ">0.1<", ">1<"}) CHECK(s.find(t) != std::string::npos);
+    for (const char* t : {">30<", ">50<", ">100<", ">200<", ">0.01<", ">0.1<", ">1<"})
+      CHECK(s.find(t) != std::string::npos);
   }
   {
     Plot p(400, 300, Axis{0.2, 300, true, false, "ms"}, Axis{1, 7, false, true, "passes"});
@@ -107,7 +108,8 @@ TEST_CASE("report: compare artifact points are plotted with their fit name") {
   c["artifact"] = "/tmp/vit_kl.asap.h5";
   c["fit"] = "kl";
   for (auto& o : c["layers"][0]["operators"])
-    if (o["kind"] == "asap") o["metrics"]["attention_rel_error"] = o["metrics"]["attention_rel_error"].get<double>() * 0.8;
+    if (o["kind"] == "asap")
+      o["metrics"]["attention_rel_error"] = o["metrics"]["attention_rel_error"].get<double>() * 0.8;
   j["compare"] = nlohmann::json::array({c});
   const auto html = asap::render_html_report(j, "t", "");
   CHECK(html.find("ASAP \xC2\xB7 fit kl") != std::string::npos);
@@ -147,7 +149,8 @@ TEST_CASE("report: JSON with missing optional fields still renders on the passes
   REQUIRE_NOTHROW(asap::render_html_report(nlohmann::json::array(), "not an object", ""));
   // Wrong types where numbers or objects are expected.
   REQUIRE_NOTHROW(asap::render_html_report(
-      {{"layers", {{{"name", 3}, {"T", "six"}, {"operators", {{{"kind", "asap"}, {"metrics", "none"}}}}, {"fit", "ls"}}}}},
+      {{"layers",
+        {{{"name", 3}, {"T", "six"}, {"operators", {{{"kind", "asap"}, {"metrics", "none"}}}}, {"fit", "ls"}}}}},
       "odd", ""));
 }
 

@@ -89,8 +89,8 @@ TEST_CASE("runtime: wrong shapes, dtypes and layer names are refused with one se
   art.layers.push_back(golden_layer(j["cases"][0]));
   const asap::CompiledModel model(art, "x.h5");
   auto q = at::randn({1, 1, 8, 4});
-  CHECK_THROWS_WITH_AS(model.attend("nope", q, q, q), doctest::Contains("artifact 'x.h5' has no layer 'nope' (it has 'golden')"),
-                       asap::Error);
+  CHECK_THROWS_WITH_AS(model.attend("nope", q, q, q),
+                       doctest::Contains("artifact 'x.h5' has no layer 'nope' (it has 'golden')"), asap::Error);
   CHECK_THROWS_WITH_AS(model.attend("golden", at::randn({1, 2, 8, 4}), q, q),
                        doctest::Contains("layer 'golden': q must be [B, 1, n, 4], found [1, 2, 8, 4]"), asap::Error);
   CHECK_THROWS_WITH_AS(model.attend("golden", q.to(at::kInt), q.to(at::kInt), q.to(at::kInt)),
@@ -118,7 +118,8 @@ TEST_CASE("runtime: float16 and bfloat16 inputs run in float32 and come back in 
     auto want = model.attend("golden", qh.to(at::kFloat), kh.to(at::kFloat), vh.to(at::kFloat), at::Tensor(), ro);
     CHECK(at::equal(r.out, want.out.to(dt)));
     const auto& L = art.layers[0];
-    auto t = asap::run_teacher(qh, kh, vh, at::Tensor(), L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);
+    auto t =
+        asap::run_teacher(qh, kh, vh, at::Tensor(), L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);
     CHECK((t.O.scalar_type() == dt));
     auto tw = asap::run_teacher(qh.to(at::kFloat), kh.to(at::kFloat), vh.to(at::kFloat), at::Tensor(),
                                 L.spec.score_scale, L.spec.T, asap::convention_of(L.spec), true);

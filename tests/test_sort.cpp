@@ -44,7 +44,6 @@ struct Threads {
   int old_;
 };
 
-
 struct Config {
   std::string name;
   asap::fast::Tuning tuning;
@@ -104,16 +103,26 @@ std::vector<T> lane_data(int64_t m, int64_t ld, uint64_t seed) {
     for (int64_t l = 0; l < ld; ++l) {
       T x;
       switch (l % 6) {
-        case 0: x = static_cast<T>(rnd() * 8 - 4); break;
-        case 1: x = static_cast<T>(std::floor(rnd() * 4) - 2) * T(0.5); break;
+        case 0:
+          x = static_cast<T>(rnd() * 8 - 4);
+          break;
+        case 1:
+          x = static_cast<T>(std::floor(rnd() * 4) - 2) * T(0.5);
+          break;
         case 2: {
           const int k = static_cast<int>(rnd() * 5);
           x = k == 0 ? T(-0.0) : k == 1 ? T(0.0) : k == 2 ? inf : k == 3 ? -inf : static_cast<T>(rnd() - 0.5);
           break;
         }
-        case 3: x = T(1.25); break;
-        case 4: x = static_cast<T>((m - r) / 3); break;
-        default: x = static_cast<T>(r / 2) * T(-1e-30) + static_cast<T>(1e-38); break;
+        case 3:
+          x = T(1.25);
+          break;
+        case 4:
+          x = static_cast<T>((m - r) / 3);
+          break;
+        default:
+          x = static_cast<T>(r / 2) * T(-1e-30) + static_cast<T>(1e-38);
+          break;
       }
       v[r * ld + l] = x;
     }
@@ -217,8 +226,8 @@ TEST_CASE("sort network: features equal the scalar sorts and the reference (dtyp
   auto axes = at::zeros({d, 20}, at::kDouble);
   for (int64_t l = 0; l < 20; ++l) axes[l % d][l] = 1.0;
   std::vector<asap::FeatureFamily> fams(3);
-  fams[0].slices = 16;                         // one full lane block
-  fams[1].slices = 5, fams[1].alpha = true;    // a partial block
+  fams[0].slices = 16;                               // one full lane block
+  fams[1].slices = 5, fams[1].alpha = true;          // a partial block
   fams[2].slices = 20, fams[2].softmax_dual = true;  // a full and a partial block
   for (auto dtype : {at::kDouble, at::kFloat}) {
     for (int64_t n : {1, 2, 3, 7, 16, 17, 50, 64, 97}) {

@@ -99,9 +99,10 @@ TEST_CASE("spec: '(d h)' head layout reorders rows and output columns consistent
   // Build a (d h) checkpoint and load it through load_layer_weights.
   asap::Checkpoint ck;
   ck.path = "mem";
-  for (auto& kv : std::vector<std::pair<std::string, at::Tensor>>{
-           {"q", wq.index_select(0, perm)}, {"k", wk.index_select(0, perm)}, {"v", wv.index_select(0, perm)},
-           {"o", wo.index_select(1, perm)}}) {
+  for (auto& kv : std::vector<std::pair<std::string, at::Tensor>>{{"q", wq.index_select(0, perm)},
+                                                                  {"k", wk.index_select(0, perm)},
+                                                                  {"v", wv.index_select(0, perm)},
+                                                                  {"o", wo.index_select(1, perm)}}) {
     ck.names.push_back(kv.first);
     ck.tensors[kv.first] = kv.second;
   }
@@ -120,17 +121,19 @@ TEST_CASE("spec: validation names the spec, layer, field, expected and found") {
   auto spec = vit_spec(6);
   SUBCASE("missing tensor named in the spec") {
     spec.layers[0].out.weight = "transformer.layers.0.0.fn.to_out.9.weight";
-    const std::string expect = "teacher spec 't.json': layer 'transformer.layers.0.0.fn' field 'out.weight' names tensor "
-                               "'transformer.layers.0.0.fn.to_out.9.weight', which checkpoint '" +
-                               vit_checkpoint() + "' does not contain";
+    const std::string expect =
+        "teacher spec 't.json': layer 'transformer.layers.0.0.fn' field 'out.weight' names tensor "
+        "'transformer.layers.0.0.fn.to_out.9.weight', which checkpoint '" +
+        vit_checkpoint() + "' does not contain";
     CHECK_THROWS_WITH_AS(asap::validate_spec(spec, ck, "t.json"), expect.c_str(), asap::Error);
   }
   SUBCASE("shape mismatch") {
     spec.layers[1].heads = 4;  // 4 x 16 = 64 rows per projection, the checkpoint has 32
-    CHECK_THROWS_WITH_AS(asap::validate_spec(spec, ck, "t.json"),
-                         doctest::Contains("tensor 'transformer.layers.1.0.fn.to_qkv.weight' has shape [96, 32] but the "
-                                           "spec implies [192, 32]"),
-                         asap::Error);
+    CHECK_THROWS_WITH_AS(
+        asap::validate_spec(spec, ck, "t.json"),
+        doctest::Contains("tensor 'transformer.layers.1.0.fn.to_qkv.weight' has shape [96, 32] but the "
+                          "spec implies [192, 32]"),
+        asap::Error);
   }
   SUBCASE("fused qkv rows not divisible by 3") {
     ck.tensors["transformer.layers.0.0.fn.to_qkv.weight"] = at::zeros({95, 32});
@@ -144,21 +147,23 @@ TEST_CASE("spec: validation names the spec, layer, field, expected and found") {
 TEST_CASE("spec: JSON errors name the field, and round trip preserves everything") {
   CHECK(spec_error("{\"format\": \"asapc-teacher-spec\", \"version\": 1, \"layers\": [{\"name\": \"a\", \"layout\": "
                    "\"mystery\"}]}") ==
-        "teacher spec 's.json': layer 0 ('a') field 'layout' must be \"fused\", \"separate\" or \"none\", found \"mystery\"");
+        "teacher spec 's.json': layer 0 ('a') field 'layout' must be \"fused\", \"separate\" or \"none\", found "
+        "\"mystery\"");
   CHECK(spec_error("{\"format\": \"asapc-teacher-spec\", \"version\": 9, \"layers\": []}") ==
         "teacher spec 's.json' has version 9 but this asapc reads versions 1 to 1");
   CHECK(spec_error("{\"format\": \"other\", \"version\": 1}") ==
         "teacher spec 's.json': field 'format' must be \"asapc-teacher-spec\", found \"other\"");
   auto base = nlohmann::json::parse(std::ifstream(data_path("fixtures/vit.spec.json")));
   base["layers"][0]["T"] = "six";
-  CHECK(spec_error(base.dump()) == "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be an "
-                                   "integer >= 1, found \"six\"");
-  base["layers"][0]["T"] = 2147483647;  // issue 16, item 3: compile would run with no end
-  CHECK(spec_error(base.dump()) == "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be at "
-                                   "most 10000 Sinkhorn half-steps, found 2147483647");
-  base["layers"][0].erase("T");
   CHECK(spec_error(base.dump()) ==
-        "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') is missing field 'T'");
+        "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be an "
+        "integer >= 1, found \"six\"");
+  base["layers"][0]["T"] = 2147483647;  // issue 16, item 3: compile would run with no end
+  CHECK(spec_error(base.dump()) ==
+        "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') field 'T' must be at "
+        "most 10000 Sinkhorn half-steps, found 2147483647");
+  base["layers"][0].erase("T");
+  CHECK(spec_error(base.dump()) == "teacher spec 's.json': layer 0 ('transformer.layers.0.0.fn') is missing field 'T'");
   // Round trip.
   TempDir dir;
   auto spec = vit_spec(7);
@@ -176,7 +181,8 @@ TEST_CASE("spec: asapc inspect refuses a checkpoint with no known attention layo
   std::string out;
   CHECK(run_cmd(std::string(ASAPC_EXE) + " inspect " + data_path("layouts/no_attention.pt"), &out) == 2);
   CHECK(out.find("no attention layer of a known layout found") != std::string::npos);
-  CHECK(run_cmd(std::string(ASAPC_EXE) + " inspect " + data_path("layouts/hf_qkv.pt") + " -o /tmp/never.json", &out) == 2);
+  CHECK(run_cmd(std::string(ASAPC_EXE) + " inspect " + data_path("layouts/hf_qkv.pt") + " -o /tmp/never.json", &out) ==
+        2);
   CHECK(out.find("the checkpoint does not say T (Sinkhorn budget") != std::string::npos);
   CHECK(out.find("heads (number of attention heads; pass --heads)") != std::string::npos);
 }

@@ -12,7 +12,7 @@ using asap_test::tensor_from_json;
 
 namespace {
 at::Tensor bh(const at::Tensor& t) { return t.unsqueeze(0).unsqueeze(0); }  // [n,d] -> [1,1,n,d]
-}
+}  // namespace
 
 TEST_CASE("teacher matches golden float64 cases to 1e-10") {
   auto j = load_json("teacher.json");

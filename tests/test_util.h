@@ -111,14 +111,14 @@ inline double tol_of(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 1e-10; 
 
 }  // namespace asap_test
 
-#define CHECK_REL(a, b, tol)                                                              \
-  do {                                                                                    \
-    const double asap_rel_ = asap_test::rel_err((a), (b));                                \
+#define CHECK_REL(a, b, tol)                                                             \
+  do {                                                                                   \
+    const double asap_rel_ = asap_test::rel_err((a), (b));                               \
     CHECK_MESSAGE(asap_rel_ <= (tol), "relative error " << asap_rel_ << " > " << (tol)); \
   } while (0)
 
-#define CHECK_CLOSE_T(a, b, tol)                                               \
-  do {                                                                         \
-    double asap_err_ = asap_test::max_abs_diff((a), (b));                      \
+#define CHECK_CLOSE_T(a, b, tol)                                                        \
+  do {                                                                                  \
+    double asap_err_ = asap_test::max_abs_diff((a), (b));                               \
     CHECK_MESSAGE(asap_err_ <= (tol), "max abs error " << asap_err_ << " > " << (tol)); \
   } while (0)

@@ -103,13 +103,15 @@ TEST_CASE("verify: compile's report equals asapc verify on the same held-out exa
   asap::write_spec(dir / "spec.json", vit_spec(6));
   const std::string exe = ASAPC_EXE;
   std::string out;
-  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " + dir / "calib.h5" +
-                      " -o " + dir / "m.asap.h5" + " --slices 8 -q --objective fidelity",  // an ASAP map, whatever the timings
+  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " +
+                      dir / "calib.h5" + " -o " + dir / "m.asap.h5" +
+                      " --slices 8 -q --objective fidelity",  // an ASAP map, whatever the timings
                   &out) == 0);
   CHECK(out.find("report: " + dir / "m.report.html") != std::string::npos);
   CHECK(out.find("ASAP-0") != std::string::npos);
-  REQUIRE(run_cmd(exe + " verify " + vit_checkpoint() + " --artifact " + dir / "m.asap.h5" + " --data " + dir / "calib.h5" +
-                      " --split heldout -q --json-out " + dir / "v.json" + " --report " + dir / "v.html",
+  REQUIRE(run_cmd(exe + " verify " + vit_checkpoint() + " --artifact " + dir / "m.asap.h5" + " --data " +
+                      dir / "calib.h5" + " --split heldout -q --json-out " + dir / "v.json" + " --report " +
+                      dir / "v.html",
                   &out) == 0);
   auto rep = nlohmann::json::parse(std::ifstream(dir / "m.report.json"));
   auto ver = nlohmann::json::parse(std::ifstream(dir / "v.json"));
@@ -123,20 +125,23 @@ TEST_CASE("verify: compile's report equals asapc verify on the same held-out exa
     for (size_t k = 0; k < a["operators"].size(); ++k)
       for (const auto& m : a["operators"][k]["metrics"].items()) {
         CAPTURE(m.key());
-        CHECK(m.value().get<double>() == doctest::Approx(b["operators"][k]["metrics"][m.key()].get<double>()).epsilon(1e-12));
+        CHECK(m.value().get<double>() ==
+              doctest::Approx(b["operators"][k]["metrics"][m.key()].get<double>()).epsilon(1e-12));
       }
   }
   // A split too small to say anything is reported as such.
   write_vit_calib(dir / "tiny.h5", 10, 22);
-  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " + dir / "tiny.h5" +
-                      " -o " + dir / "t.asap.h5" + " --slices 8 -q",
+  REQUIRE(run_cmd(exe + " compile " + vit_checkpoint() + " --spec " + dir / "spec.json" + " --calib " +
+                      dir / "tiny.h5" + " -o " + dir / "t.asap.h5" + " --slices 8 -q",
                   &out) == 0);
   CHECK(out.find("too few to measure fidelity") != std::string::npos);
   auto tiny = nlohmann::json::parse(std::ifstream(dir / "t.report.json"));
   CHECK(tiny["too_small"].get<bool>());
 }
 
-TEST_CASE("metrics: each one equals its formula on a small case; an underflowed entry gives inf KL, a floored KL and its share") {
+TEST_CASE(
+    "metrics: each one equals its formula on a small case; an underflowed entry gives inf KL, a floored KL and its "
+    "share") {
   // One example, one head, n = 3 (plan = attention / n), all rows and keys active.
   const int64_t n = 3;
   auto As = at::tensor({0.5, 0.3, 0.2, 0.2, 0.5, 0.3, 0.3, 0.2, 0.5}, at::kDouble).reshape({1, 1, n, n});

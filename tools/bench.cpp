@@ -120,7 +120,8 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   // random weights give duals far from any plan, whose tiny entries turn
   // subnormal in the output GEMM: that times the data, not the kernel.
   at::manual_seed(seed + 7);
-  L.coef = at::randn({H, L.family.num_columns()}, at::kDouble) * (0.05 / static_cast<double>(std::max<int64_t>(slices, 1)));
+  L.coef =
+      at::randn({H, L.family.num_columns()}, at::kDouble) * (0.05 / static_cast<double>(std::max<int64_t>(slices, 1)));
   L.coef.select(1, L.family.num_columns() - 1).add_(1.0);
   L.default_closures = 3;
   return L;
@@ -197,7 +198,9 @@ void pin_runtime(char** argv, int threads, bool keep_blas, const std::string& wa
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   if (!keep_blas && !std::getenv("OPENBLAS_CORETYPE") && blas_core() == "Prescott") {
     __builtin_cpu_init();
-    const char* core = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+    const char* core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : nullptr;
     if (core) setenv("OPENBLAS_CORETYPE", core, 1);
   }
   execv("/proc/self/exe", argv);  // returns only on failure: carry on as is
@@ -216,7 +219,8 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                    auto A = at::softmax(S, -1);
                    sink(at::matmul(A, in.v));
                  }});
-  ops.push_back({"esp", 0, [eye](const Inputs& in) { sink(asap::fast::esp_attention(in.q, in.k, in.v, eye, in.scale, 1.0)); }});
+  ops.push_back(
+      {"esp", 0, [eye](const Inputs& in) { sink(asap::fast::esp_attention(in.q, in.k, in.v, eye, in.scale, 1.0)); }});
   for (int T : s.Ts) {
     ops.push_back({"teacher_fast", T, [T, c](const Inputs& in) {
                      sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false, {}, false).O);
@@ -284,9 +288,7 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
   return ops;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double cpu_s() {
   rusage u;
@@ -346,9 +348,9 @@ std::string self_exe() {
 
 int64_t measure_memory(const Settings& s, const Op& op, int64_t n, int64_t B, int64_t H) {
   std::ostringstream cmd;
-  cmd << "'" << self_exe() << "' --mem-child " << op.label() << " --n " << n << " --bh " << B << "x" << H
-      << " --d " << s.d << " --threads " << s.threads << " --slices " << s.slices << " --ref-max-n " << s.ref_max_n
-      << " --sort " << s.sort;
+  cmd << "'" << self_exe() << "' --mem-child " << op.label() << " --n " << n << " --bh " << B << "x" << H << " --d "
+      << s.d << " --threads " << s.threads << " --slices " << s.slices << " --ref-max-n " << s.ref_max_n << " --sort "
+      << s.sort;
   if (!s.feature_slices.empty()) {
     cmd << " --features ";
     for (size_t i = 0; i < s.feature_slices.size(); ++i) cmd << (i ? "," : "") << s.feature_slices[i];
@@ -395,10 +397,11 @@ std::vector<std::pair<int64_t, int64_t>> parse_bh(const std::string& s) {
 }
 
 void usage() {
-  std::cout << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
-               "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
-               "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
-               "                  [--wait-policy passive|active] [--features L,...] [--sort auto|scalar|network|both]\n";
+  std::cout
+      << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
+         "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
+         "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
+         "                  [--wait-policy passive|active] [--features L,...] [--sort auto|scalar|network|both]\n";
 }
 
 }  // namespace
@@ -443,7 +446,9 @@ int main(int argc, char** argv) try {
       s.d = std::stoll(next());
     } else if (a == "--slices") {
       s.slices = std::stoll(next());
-      if (s.slices < 0) throw std::invalid_argument("--slices: expected 0 (slice-free families) or more, found " + std::to_string(s.slices));
+      if (s.slices < 0)
+        throw std::invalid_argument("--slices: expected 0 (slice-free families) or more, found " +
+                                    std::to_string(s.slices));
     } else if (a == "--reps") {
       s.reps = std::stoi(next());
     } else if (a == "--no-mem") {
@@ -494,19 +499,20 @@ int main(int argc, char** argv) try {
   const std::time_t t = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  out["machine"] = {{"cpu", shell_out("lscpu | sed -n 's/^Model name:[ ]*//p' | head -1")},
-                    {"cores", shell_out("nproc")},
-                    {"threads", s.threads},
-                    {"date", date},
-                    {"load_before", shell_out("cut -d' ' -f1-3 /proc/loadavg")},
-                    {"isa", asap::fast::isa_for()},
-                    {"parallel_build", asap::fast::parallel_build()},
-                    {"openblas_core", blas_core()},
-                    {"openblas_coretype_env", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""},
-                    {"openblas_threads", std::getenv("OPENBLAS_NUM_THREADS") ? std::getenv("OPENBLAS_NUM_THREADS") : ""},
-                    {"aten_threads", at::get_num_threads()},
-                    {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
-                    {"torch_parallel", at::get_parallel_info().substr(0, 200)}};
+  out["machine"] = {
+      {"cpu", shell_out("lscpu | sed -n 's/^Model name:[ ]*//p' | head -1")},
+      {"cores", shell_out("nproc")},
+      {"threads", s.threads},
+      {"date", date},
+      {"load_before", shell_out("cut -d' ' -f1-3 /proc/loadavg")},
+      {"isa", asap::fast::isa_for()},
+      {"parallel_build", asap::fast::parallel_build()},
+      {"openblas_core", blas_core()},
+      {"openblas_coretype_env", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""},
+      {"openblas_threads", std::getenv("OPENBLAS_NUM_THREADS") ? std::getenv("OPENBLAS_NUM_THREADS") : ""},
+      {"aten_threads", at::get_num_threads()},
+      {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
+      {"torch_parallel", at::get_parallel_info().substr(0, 200)}};
   // The machine's peak, for the bound of every fused operator (bound_s).
   // Measured before and after the operators; the bounds use the larger of
   // the two (a peak measured while something else ran is too low and would
@@ -521,9 +527,15 @@ int main(int argc, char** argv) try {
   asap::fast::MachinePeak peak = asap::fast::measure_peak(false, 7);
   out["machine"]["peak_before"] = peak_json(peak);
   print_peak("before", peak);
-  out["settings"] = {{"n", s.ns},     {"d", s.d},         {"T", s.Ts},
-                     {"k", s.ks},     {"reps", s.reps},   {"slices", s.slices},
-                     {"ref_max_n", s.ref_max_n}, {"memory", s.mem}, {"quick", quick},
+  out["settings"] = {{"n", s.ns},
+                     {"d", s.d},
+                     {"T", s.Ts},
+                     {"k", s.ks},
+                     {"reps", s.reps},
+                     {"slices", s.slices},
+                     {"ref_max_n", s.ref_max_n},
+                     {"memory", s.mem},
+                     {"quick", quick},
                      {"dtype", "float32"}};
   json bh = json::array();
   for (auto& p : s.bh) bh.push_back({p.first, p.second});
@@ -543,9 +555,8 @@ int main(int argc, char** argv) try {
     for (auto T : s.Ts) Ts << (Ts.tellp() ? "," : "") << T;
     if (!ns.str().empty()) {
       std::ostringstream cmd;
-      cmd << py << " '" << script << "' --n " << ns.str() << " --bh " << bhs.str() << " --T " << Ts.str()
-          << " --d " << s.d << " --threads " << s.threads << " --reps " << std::min(s.reps, 3) << " --json '" << tmp
-          << "'";
+      cmd << py << " '" << script << "' --n " << ns.str() << " --bh " << bhs.str() << " --T " << Ts.str() << " --d "
+          << s.d << " --threads " << s.threads << " --reps " << std::min(s.reps, 3) << " --json '" << tmp << "'";
       std::cerr << "running " << cmd.str() << "\n";
       if (std::system(cmd.str().c_str()) == 0) {
         std::ifstream f(tmp);
@@ -587,22 +598,23 @@ int main(int argc, char** argv) try {
         }
       }
       for (size_t i = 0; i < ops.size(); ++i) {
-        json r = {{"op", ops[i].name},   {"param", ops[i].param},
-                  {"n", n},              {"B", B},
-                  {"H", H},              {"d", s.d},
+        json r = {{"op", ops[i].name},
+                  {"param", ops[i].param},
+                  {"n", n},
+                  {"B", B},
+                  {"H", H},
+                  {"d", s.d},
                   {"median_s", median(times[i])},
                   {"min_s", *std::min_element(times[i].begin(), times[i].end())},
                   {"cpu_median_s", median(cpu[i])},
                   {"times_s", times[i]}};
         if (s.mem) r["peak_extra_bytes"] = measure_memory(s, ops[i], n, B, H);
         const double bound = bound_s(ops[i], n, B * H, s.d, s.slices, peak);  // final values at the end
-        std::fprintf(stderr, "n=%5lld BxH=%lldx%lld %-16s median %10.4f ms%s%s\n", static_cast<long long>(n),
-                     static_cast<long long>(B), static_cast<long long>(H), ops[i].label().c_str(),
-                     1e3 * median(times[i]),
-                     bound > 0 ? ("  " + fmt(median(times[i]) / bound) + "x bound " + fmt(1e3 * bound) + " ms").c_str()
-                               : "",
-                     s.mem ? (" peak " + std::to_string(r["peak_extra_bytes"].get<int64_t>() >> 20) + " MiB").c_str()
-                           : "");
+        std::fprintf(
+            stderr, "n=%5lld BxH=%lldx%lld %-16s median %10.4f ms%s%s\n", static_cast<long long>(n),
+            static_cast<long long>(B), static_cast<long long>(H), ops[i].label().c_str(), 1e3 * median(times[i]),
+            bound > 0 ? ("  " + fmt(median(times[i]) / bound) + "x bound " + fmt(1e3 * bound) + " ms").c_str() : "",
+            s.mem ? (" peak " + std::to_string(r["peak_extra_bytes"].get<int64_t>() >> 20) + " MiB").c_str() : "");
         results.push_back(r);
       }
       // Features-only time over one closure pass of the same shape. The
@@ -618,9 +630,16 @@ int main(int argc, char** argv) try {
         std::fprintf(stderr, "n=%5lld BxH=%lldx%lld d=%lld %s L=%d / one pass (sinkhorn_1, %.4f ms) = %.3f\n",
                      static_cast<long long>(n), static_cast<long long>(B), static_cast<long long>(H),
                      static_cast<long long>(s.d), ops[i].name.c_str(), ops[i].param, 1e3 * pass, ratio);
-        out["feature_ratios"].push_back({{"op", ops[i].name}, {"L", ops[i].param}, {"n", n}, {"B", B}, {"H", H},
-                                         {"d", s.d}, {"pass_op", "sinkhorn_1"}, {"pass_median_s", pass},
-                                         {"features_median_s", median(times[i])}, {"ratio", ratio}});
+        out["feature_ratios"].push_back({{"op", ops[i].name},
+                                         {"L", ops[i].param},
+                                         {"n", n},
+                                         {"B", B},
+                                         {"H", H},
+                                         {"d", s.d},
+                                         {"pass_op", "sinkhorn_1"},
+                                         {"pass_median_s", pass},
+                                         {"features_median_s", median(times[i])},
+                                         {"ratio", ratio}});
       }
     }
   }
@@ -634,8 +653,8 @@ int main(int argc, char** argv) try {
     for (auto& r : results) {
       if (!r.contains("median_s") || !r.contains("param")) continue;
       Op op{r["op"].get<std::string>(), r["param"].get<int>(), nullptr};
-      const double b = bound_s(op, r["n"].get<int64_t>(), r["B"].get<int64_t>() * r["H"].get<int64_t>(), s.d,
-                               s.slices, peak);
+      const double b =
+          bound_s(op, r["n"].get<int64_t>(), r["B"].get<int64_t>() * r["H"].get<int64_t>(), s.d, s.slices, peak);
       if (b > 0) r["bound_s"] = b, r["bound_ratio"] = r["median_s"].get<double>() / b;
     }
   }

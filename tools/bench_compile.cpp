@@ -58,8 +58,8 @@ double median(std::vector<double> v) {
 }
 
 // The teacher pass: what compile's first pass does minus features and statistics.
-double teacher_pass(const std::string& ckpt, const std::string& spec_path, const std::string& calib_path,
-                    int64_t batch, int64_t max_examples, int64_t* examples) {
+double teacher_pass(const std::string& ckpt, const std::string& spec_path, const std::string& calib_path, int64_t batch,
+                    int64_t max_examples, int64_t* examples) {
   const auto t0 = Clock::now();
   asap::Checkpoint ck = asap::load_checkpoint(ckpt);
   asap::TeacherSpec spec = asap::read_spec(spec_path);
@@ -103,11 +103,16 @@ int main(int argc, char** argv) try {
       ASAP_CHECK(i + 1 < argc, "option ", a, " needs a value");
       return argv[++i];
     };
-    if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--threads") threads = std::stoi(next());
-    else if (a == "--batch-size") batch = std::stoll(next());
-    else if (a == "--max-examples") max_examples = std::stoll(next());
-    else if (a == "--json") json_path = next();
+    if (a == "--reps")
+      reps = std::stoi(next());
+    else if (a == "--threads")
+      threads = std::stoi(next());
+    else if (a == "--batch-size")
+      batch = std::stoll(next());
+    else if (a == "--max-examples")
+      max_examples = std::stoll(next());
+    else if (a == "--json")
+      json_path = next();
     else if (a == "-h" || a == "--help") {
       std::cout << "usage: asap_bench_compile CKPT SPEC CALIB [--reps 3] [--threads N] [--batch-size 16] "
                    "[--max-examples N] [--json out.json]\n";
@@ -154,14 +159,8 @@ int main(int argc, char** argv) try {
       std::cerr << "rep " << r + 1 << "/" << reps << " " << jobs[i].first << ": " << t[i].back() << " s\n";
     }
   const double base = median(t[0]);
-  json out{{"checkpoint", pos[0]},
-           {"spec", pos[1]},
-           {"calibration", pos[2]},
-           {"examples_over_layers", examples},
-           {"threads", threads},
-           {"reps", reps},
-           {"batch_size", batch},
-           {"jobs", json::array()}};
+  json out{{"checkpoint", pos[0]}, {"spec", pos[1]}, {"calibration", pos[2]}, {"examples_over_layers", examples},
+           {"threads", threads},   {"reps", reps},   {"batch_size", batch},   {"jobs", json::array()}};
   std::cout << "job            median s   ratio to teacher\n";
   for (size_t i = 0; i < jobs.size(); ++i) {
     const double m = median(t[i]);

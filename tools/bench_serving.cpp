@@ -26,8 +26,10 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s ARTIFACT [--layer NAME] [--callers C] [--threads I] [--n N] [--batch B] "
-                         "[--seconds S]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s ARTIFACT [--layer NAME] [--callers C] [--threads I] [--n N] [--batch B] "
+                 "[--seconds S]\n",
+                 argv[0]);
     return 2;
   }
   std::string path = argv[1], layer;
@@ -36,12 +38,18 @@ int main(int argc, char** argv) {
   double seconds = 3;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--layer") layer = v;
-    else if (k == "--callers") callers = std::atoi(v.c_str());
-    else if (k == "--threads") threads = std::atoi(v.c_str());
-    else if (k == "--n") n = std::atoll(v.c_str());
-    else if (k == "--batch") batch = std::atoll(v.c_str());
-    else if (k == "--seconds") seconds = std::atof(v.c_str());
+    if (k == "--layer")
+      layer = v;
+    else if (k == "--callers")
+      callers = std::atoi(v.c_str());
+    else if (k == "--threads")
+      threads = std::atoi(v.c_str());
+    else if (k == "--n")
+      n = std::atoll(v.c_str());
+    else if (k == "--batch")
+      batch = std::atoll(v.c_str());
+    else if (k == "--seconds")
+      seconds = std::atof(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -79,10 +87,11 @@ int main(int argc, char** argv) {
     long long total = 0;
     for (long long m : calls) total += m;
     const char* wait = std::getenv("OMP_WAIT_POLICY");
-    std::printf("{\"layer\": \"%s\", \"n\": %lld, \"batch\": %lld, \"callers\": %d, \"threads\": %d, "
-                "\"wait_policy\": \"%s\", \"seconds\": %.3f, \"calls\": %lld, \"calls_per_s\": %.0f}\n",
-                layer.c_str(), static_cast<long long>(n), static_cast<long long>(batch), callers, threads,
-                wait ? wait : "default", dt, total, total / dt);
+    std::printf(
+        "{\"layer\": \"%s\", \"n\": %lld, \"batch\": %lld, \"callers\": %d, \"threads\": %d, "
+        "\"wait_policy\": \"%s\", \"seconds\": %.3f, \"calls\": %lld, \"calls_per_s\": %.0f}\n",
+        layer.c_str(), static_cast<long long>(n), static_cast<long long>(batch), callers, threads,
+        wait ? wait : "default", dt, total, total / dt);
   } catch (const asap::Error& e) {
     std::fprintf(stderr, "asap_bench_serving: %s\n", e.what());
     return 2;

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ASAP_APT_PACKAGES=(build-essential cmake libtorch-dev libhdf5-dev nlohmann-json3-dev libcli11-dev libeigen3-dev libgloo-dev
-                   doctest-dev libopenblas0-pthread python3-torch python3-h5py python3-numpy python3-matplotlib clang-14 libfuzzer-14-dev
+                   doctest-dev libopenblas0-pthread python3-torch python3-h5py python3-numpy python3-matplotlib clang-14 clang-format-14 libfuzzer-14-dev
                    python3-venv python3-pip python3-setuptools python3-wheel)
 missing=()
 for p in "${ASAP_APT_PACKAGES[@]}"; do

@@ -24,10 +24,10 @@ constexpr int kCalibVersion = 2;
 constexpr int kCalibFixedStringsSince = 2;
 
 struct CalibBatch {
-  int64_t start = 0;  // index of the first example in the file
-  at::Tensor x;       // [b, n, d_model] float32/float64, or undefined
-  at::Tensor q, k, v; // [b, H, n, d], or undefined (v may be undefined)
-  at::Tensor mask;    // [b, n] bool (true = token), or undefined (no padding)
+  int64_t start = 0;   // index of the first example in the file
+  at::Tensor x;        // [b, n, d_model] float32/float64, or undefined
+  at::Tensor q, k, v;  // [b, H, n, d], or undefined (v may be undefined)
+  at::Tensor mask;     // [b, n] bool (true = token), or undefined (no padding)
 };
 
 class CalibLayer;
@@ -56,7 +56,7 @@ class CalibFile {
     bool has_v = false;
     bool has_mask = false;
     int64_t N = 0, n = 0;
-    int64_t d_model = 0;     // when !projected
+    int64_t d_model = 0;                             // when !projected
     int64_t heads = 0, head_dim = 0, value_dim = 0;  // when projected
   };
   LayerInfo info(const std::string& layer) const;

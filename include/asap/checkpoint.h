@@ -21,12 +21,12 @@
 namespace asap {
 
 struct Checkpoint {
-  std::string path;                // the file as given
-  std::string kind;                // e.g. "state_dict", "checkpoint dict['model_state_dict']",
-                                   // "pickled module", "safetensors"
-  std::string sha256;              // lowercase hex digest of the whole file
-  std::string stripped_prefix;     // e.g. "module." when a DataParallel prefix was removed
-  std::vector<std::string> names;  // tensor names in file order
+  std::string path;                                     // the file as given
+  std::string kind;                                     // e.g. "state_dict", "checkpoint dict['model_state_dict']",
+                                                        // "pickled module", "safetensors"
+  std::string sha256;                                   // lowercase hex digest of the whole file
+  std::string stripped_prefix;                          // e.g. "module." when a DataParallel prefix was removed
+  std::vector<std::string> names;                       // tensor names in file order
   std::unordered_map<std::string, at::Tensor> tensors;  // contiguous CPU tensors
 
   bool has(const std::string& name) const { return tensors.count(name) != 0; }

@@ -80,40 +80,40 @@ enum class Objective {
 constexpr int64_t kMaxSliceBank = 4096;
 
 struct CompileOptions {
-  int64_t slice_bank = 64;                 // slices drawn and stored per layer
-  std::vector<int64_t> slice_counts;       // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
-  int64_t fixed_slices = 0;                // > 0: use exactly this many slices
-  std::vector<Candidate> candidates;       // empty = the four slices+... families x {pooled, per head}
+  int64_t slice_bank = 64;            // slices drawn and stored per layer
+  std::vector<int64_t> slice_counts;  // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
+  int64_t fixed_slices = 0;           // > 0: use exactly this many slices
+  std::vector<Candidate> candidates;  // empty = the four slices+... families x {pooled, per head}
   Objective objective = Objective::kMinSpeedup;
-  double min_speedup = 1.25;               // kMinSpeedup: required speed-up over the teacher
-  double max_error = -1;                   // kMaxError: attention error bound (> 0)
-  int64_t deploy_batch = 16;               // examples per call at which latency is measured
-  std::shared_ptr<LatencyModel> latency;   // null: measure the fused operators here
-  bool zero_parameter_operators = true;    // Sinkhorn T' < T and the teacher are candidates
-  std::vector<double> ridge_grid;          // empty = default_ridge_grid()
-  double ridge = -1;                       // >= 0: fixed LS ridge (no selection)
-  int closures = 0;                        // > 0: fixed default number of closures
-  int max_passes = 0;                      // kFidelity: budget of LSE passes (feature passes + closures);
-                                           // 0 = max(1, T - 2)
-  int max_closures = 5;                    // closures evaluated on held-out data
-  int64_t selection_examples = 64;         // held-out examples that run closures in the selection (0 = all)
-  int64_t batch_size = 16;                 // examples per streamed batch
-  double heldout_fraction = 0.2;           // share of examples kept out of the fit
-  int64_t min_heldout = 8;                 // fewer held-out examples: no data-driven choice
-  uint64_t seed = 1234;                    // slice bank and split
-  int64_t max_examples = 0;                // > 0: use only the first examples of the file
-  std::vector<std::string> layers;         // empty = every layer of the spec
-  std::string fit = "ls";                  // "ls", "kl" or "attention" (LS, then refit on the attention error)
+  double min_speedup = 1.25;              // kMinSpeedup: required speed-up over the teacher
+  double max_error = -1;                  // kMaxError: attention error bound (> 0)
+  int64_t deploy_batch = 16;              // examples per call at which latency is measured
+  std::shared_ptr<LatencyModel> latency;  // null: measure the fused operators here
+  bool zero_parameter_operators = true;   // Sinkhorn T' < T and the teacher are candidates
+  std::vector<double> ridge_grid;         // empty = default_ridge_grid()
+  double ridge = -1;                      // >= 0: fixed LS ridge (no selection)
+  int closures = 0;                       // > 0: fixed default number of closures
+  int max_passes = 0;                     // kFidelity: budget of LSE passes (feature passes + closures);
+                                          // 0 = max(1, T - 2)
+  int max_closures = 5;                   // closures evaluated on held-out data
+  int64_t selection_examples = 64;        // held-out examples that run closures in the selection (0 = all)
+  int64_t batch_size = 16;                // examples per streamed batch
+  double heldout_fraction = 0.2;          // share of examples kept out of the fit
+  int64_t min_heldout = 8;                // fewer held-out examples: no data-driven choice
+  uint64_t seed = 1234;                   // slice bank and split
+  int64_t max_examples = 0;               // > 0: use only the first examples of the file
+  std::vector<std::string> layers;        // empty = every layer of the spec
+  std::string fit = "ls";                 // "ls", "kl" or "attention" (LS, then refit on the attention error)
   // Dual the LS map predicts: "closure-ready" (f*, run with any k),
   // "k-matched" (the teacher's row dual after T - k half-steps, run with
   // exactly k closures), or "both" as candidates (docs/decisions.md).
   std::string targets = "both";
-  double kl_ridge = -1;                    // >= 0: fixed KL ridge
-  int kl_max_iters = 20;                   // Newton iterations
-  double kl_cache_mb = 512;                // memory budget for caching KL (and attention refit) batches
-  int attention_iters = 60;                // L-BFGS iterations of --fit attention
-  bool float64 = false;                    // run teacher and features in float64
-  bool skip_bad_examples = false;          // exclude examples whose scores overflow (warning) instead of refusing
+  double kl_ridge = -1;            // >= 0: fixed KL ridge
+  int kl_max_iters = 20;           // Newton iterations
+  double kl_cache_mb = 512;        // memory budget for caching KL (and attention refit) batches
+  int attention_iters = 60;        // L-BFGS iterations of --fit attention
+  bool float64 = false;            // run teacher and features in float64
+  bool skip_bad_examples = false;  // exclude examples whose scores overflow (warning) instead of refusing
   // Set: this process is one rank of a distributed compile (asap/dist.h).
   // Every rank must call compile_teacher with the same options; each
   // streams its share, sums are reduced, rank 0 measures latency and
@@ -124,7 +124,7 @@ struct CompileOptions {
   // wait. 0: the process's own.
   int latency_threads = 0;
   std::function<void(const ProgressEvent&)> progress;  // called from the compiling thread
-  std::function<void(const std::string&)> warn;         // warnings (default: none)
+  std::function<void(const std::string&)> warn;        // warnings (default: none)
 };
 
 struct CompileResult {

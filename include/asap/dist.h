@@ -20,8 +20,8 @@ class CalibFile;
 
 // How the user asked to join a group (flags of asapc compile / verify).
 struct DistOptions {
-  std::string init;      // "tcp://host:port", "env://" or empty (read the environment)
-  int rank = -1;         // with --dist-init tcp://...
+  std::string init;  // "tcp://host:port", "env://" or empty (read the environment)
+  int rank = -1;     // with --dist-init tcp://...
   int world_size = -1;
   double timeout_s = 300;  // a rank that stops or hangs ends every rank within this
 };
@@ -33,9 +33,9 @@ struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string host;
   int port = 0;
-  bool agent_store = false;   // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
-  std::string store_prefix;   // "/worker/attempt_N" under the agent store
-  std::string source;         // "flags", "torchrun", "env", "slurm" or "none"
+  bool agent_store = false;  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
+  std::string store_prefix;  // "/worker/attempt_N" under the agent store
+  std::string source;        // "flags", "torchrun", "env", "slurm" or "none"
   bool distributed() const { return world_size > 1; }
 };
 // Throws asap::Error naming the variable or flag that is missing or malformed.
@@ -105,11 +105,11 @@ constexpr int kExitOtherRankFailed = 3;
 // same content (calib_content_digest), whatever their paths: two machines
 // that each hold their own shard at /data/calib.h5 each read theirs in full.
 struct Shards {
-  int64_t total = 0;                        // examples in the whole set (after --max-examples)
+  int64_t total = 0;                             // examples in the whole set (after --max-examples)
   int64_t readable_begin = 0, readable_end = 0;  // global indices held by this rank's files
-  int group_rank = 0, group_size = 1;       // ranks sharing this rank's files
-  int64_t begin = 0, end = 0;               // this rank's contiguous share, for streaming
-  std::vector<int64_t> examples_per_rank;   // share sizes, rank order (summary)
+  int group_rank = 0, group_size = 1;            // ranks sharing this rank's files
+  int64_t begin = 0, end = 0;                    // this rank's contiguous share, for streaming
+  std::vector<int64_t> examples_per_rank;        // share sizes, rank order (summary)
   // The members of a sorted list of global indices that this rank handles:
   // those its files hold, split into contiguous blocks among its group.
   std::vector<int64_t> mine(const std::vector<int64_t>& global) const;

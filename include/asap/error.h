@@ -35,15 +35,15 @@ std::string str(const A&... a) {
 }  // namespace asap
 
 // Throws asap::Error(str(...)) when cond is false.
-#define ASAP_CHECK(cond, ...)                         \
-  do {                                                \
+#define ASAP_CHECK(cond, ...)                                   \
+  do {                                                          \
     if (!(cond)) throw ::asap::Error(::asap::str(__VA_ARGS__)); \
   } while (0)
 
 // Internal invariant; a failure is a bug in asapc, not bad input.
-#define ASAP_ASSERT(cond)                                                              \
-  do {                                                                                 \
-    if (!(cond))                                                                       \
-      throw std::logic_error(::asap::str("internal error (a bug in asapc): ", #cond,   \
-                                         " at ", __FILE__, ":", __LINE__));            \
+#define ASAP_ASSERT(cond)                                                                            \
+  do {                                                                                               \
+    if (!(cond))                                                                                     \
+      throw std::logic_error(                                                                        \
+          ::asap::str("internal error (a bug in asapc): ", #cond, " at ", __FILE__, ":", __LINE__)); \
   } while (0)

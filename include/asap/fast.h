@@ -39,11 +39,12 @@ enum class Strategy {
 
 // Knobs for tests and benchmarks; the defaults are what callers should use.
 struct Tuning {
-  std::string isa;              // "" = best the CPU supports (env ASAP_FAST_ISA overrides); else "generic", "avx2", "avx512"
+  std::string isa;  // "" = best the CPU supports (env ASAP_FAST_ISA overrides); else "generic", "avx2", "avx512"
   Strategy strategy = Strategy::kAuto;
-  int64_t workspace_bytes = 0;  // budget for stored score tiles over all threads; 0 = env ASAP_FAST_WORKSPACE_MB or 256 MiB
-  int store_scores = -1;        // -1 = within the budget, 0 = recompute tiles in every pass, 1 = always store
-  int64_t chunk_rows = 0;       // rows per tile in row passes (0 = automatic)
+  int64_t workspace_bytes =
+      0;                   // budget for stored score tiles over all threads; 0 = env ASAP_FAST_WORKSPACE_MB or 256 MiB
+  int store_scores = -1;   // -1 = within the budget, 0 = recompute tiles in every pass, 1 = always store
+  int64_t chunk_rows = 0;  // rows per tile in row passes (0 = automatic)
 };
 
 // Instruction sets compiled in and supported by this CPU, best last.
@@ -53,8 +54,7 @@ std::string isa_for(const Tuning& tuning = {});
 // Whether the kernels take these inputs: every defined tensor on the CPU and
 // dense, q float32 or float64, and (for [B, H, n, d] inputs) B * H >= 1 and
 // n >= 1. Other inputs make the functions below throw asap::Error.
-bool handles(const at::Tensor& q, const at::Tensor& k = {}, const at::Tensor& v = {},
-             const at::Tensor& key_mask = {});
+bool handles(const at::Tensor& q, const at::Tensor& k = {}, const at::Tensor& v = {}, const at::Tensor& key_mask = {});
 // Whether every value of t is finite: vectorised for CPU float32/float64
 // contiguous tensors, ATen otherwise (the runtime's NaN-propagation check).
 bool all_finite(const at::Tensor& t);
@@ -83,15 +83,14 @@ MachinePeak measure_peak(bool float64 = false, int rounds = 5, const Tuning& tun
 // Same as asap::run_teacher_reference (all fields of TeacherResult; with
 // want_duals = false only O and A).
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
-                      double scale, int T, const Convention& c, bool want_attention = true,
-                      const Tuning& tuning = {}, bool want_duals = true);
+                      double scale, int T, const Convention& c, bool want_attention = true, const Tuning& tuning = {},
+                      bool want_duals = true);
 
 // A reduced-budget Sinkhorn normalizer as deployed: the teacher's loop with
 // budget T', O (and A) only.
 inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& key_mask, double scale, int T_prime,
-                                         const Convention& c, bool want_attention = false,
-                                         const Tuning& tuning = {}) {
+                                         const at::Tensor& key_mask, double scale, int T_prime, const Convention& c,
+                                         bool want_attention = false, const Tuning& tuning = {}) {
   return teacher(q, k, v, key_mask, scale, T_prime, c, want_attention, tuning, /*want_duals=*/false);
 }
 
@@ -107,8 +106,8 @@ LayerOutput asap_layer(const CompiledLayer& layer, const at::Tensor& q, const at
 // Same as asap::build_features(q, k, log_marginals(key_mask, ...), theta,
 // family, scale, eps): the feature matrix Psi [B, H, n, P].
 at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,
-                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family,
-                          double scale, double eps, const Tuning& tuning = {});
+                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family, double scale,
+                          double eps, const Tuning& tuning = {});
 
 // Selection helper for compile: for each (b, h), the teacher's plan A* with
 // budget T, and for every candidate c the plans after k = 1..k_max[c]

@@ -35,14 +35,13 @@ class Potential1D {
 // a prefix of theta), in q's dtype, centered over rows carrying mass, 0 on
 // rows that carry none. Padded query rows that carry mass get the extended
 // potential at their own projection.
-at::Tensor sliced_potentials(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m,
-                             const at::Tensor& theta, int64_t L, double scale);
+at::Tensor sliced_potentials(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m, const at::Tensor& theta,
+                             int64_t L, double scale);
 
 // The full feature matrix Psi [B, H, n, P] of a family, columns in the
 // order of FeatureFamily. S (scores) is needed only for the softmax dual and
 // may be passed to avoid recomputing it.
-at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m,
-                          const at::Tensor& theta, const FeatureFamily& family, double scale, double eps,
-                          const at::Tensor& S = at::Tensor());
+at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m, const at::Tensor& theta,
+                          const FeatureFamily& family, double scale, double eps, const at::Tensor& S = at::Tensor());
 
 }  // namespace asap

@@ -16,10 +16,10 @@
 namespace asap {
 
 struct LsStats {
-  at::Tensor G;  // [H, P, P] float64: sum Psi^T Psi per head
-  at::Tensor h;  // [H, P]    float64: sum Psi^T phi_bar*
-  at::Tensor c;  // [H]       float64: sum ||phi_bar*||^2
-  at::Tensor R;  // [H]       float64: mass-carrying rows
+  at::Tensor G;          // [H, P, P] float64: sum Psi^T Psi per head
+  at::Tensor h;          // [H, P]    float64: sum Psi^T phi_bar*
+  at::Tensor c;          // [H]       float64: sum ||phi_bar*||^2
+  at::Tensor R;          // [H]       float64: mass-carrying rows
   int64_t examples = 0;  // sequences accumulated (each contributes H terms)
 
   bool empty() const { return !G.defined(); }
@@ -58,7 +58,7 @@ struct RidgeChoice {
 };
 // Picks the grid value with the lowest held-out MSE; among values within
 // ls_mse_tie of it, the smallest lambda.
-RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols,
-                         bool per_head, const std::vector<double>& grid);
+RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols, bool per_head,
+                         const std::vector<double>& grid);
 
 }  // namespace asap

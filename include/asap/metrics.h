@@ -2,8 +2,8 @@
 // section 7). One implementation serves compile's held-out choice, its
 // report, and `asapc verify`.
 #pragma once
-#include <vector>
 #include <ATen/core/Tensor.h>
+#include <vector>
 
 #include <cstdint>
 
@@ -12,17 +12,17 @@
 namespace asap {
 
 struct FidelityMetrics {
-  double attention_rel_error = 0;  // mean over (example, head) of ||A - A*||_F / ||A*||_F
-  double head_output_rmse = 0;     // sqrt(mean (O - O*)^2) over head outputs
-  double layer_output_rmse = -1;   // after merging heads and the output projection (-1: not measured)
-  double row_marginal_error = 0;   // mean over mass-carrying rows of |sum_j A_ij - 1|
-  double col_marginal_error = 0;   // mean over active columns of |sum_i A_ij - 1|
-  double teacher_plan_kl = 0;      // mean over (example, head) of generalized KL(A*/n || A/n); +inf when
-                                   // the operator gives 0 where the teacher does not
+  double attention_rel_error = 0;      // mean over (example, head) of ||A - A*||_F / ||A*||_F
+  double head_output_rmse = 0;         // sqrt(mean (O - O*)^2) over head outputs
+  double layer_output_rmse = -1;       // after merging heads and the output projection (-1: not measured)
+  double row_marginal_error = 0;       // mean over mass-carrying rows of |sum_j A_ij - 1|
+  double col_marginal_error = 0;       // mean over active columns of |sum_i A_ij - 1|
+  double teacher_plan_kl = 0;          // mean over (example, head) of generalized KL(A*/n || A/n); +inf when
+                                       // the operator gives 0 where the teacher does not
   double teacher_plan_kl_floored = 0;  // the same with A clamped below at kKlFloor (always finite)
-  double plan_zero_share = 0;      // share of the teacher's nonzero entries where A is exactly 0
-  double dual_rmse = -1;           // centered cost-coordinate dual RMSE (-1: not measured)
-  int64_t terms = 0;               // (example, head) pairs
+  double plan_zero_share = 0;          // share of the teacher's nonzero entries where A is exactly 0
+  double dual_rmse = -1;               // centered cost-coordinate dual RMSE (-1: not measured)
+  int64_t terms = 0;                   // (example, head) pairs
 };
 
 // Accumulates metrics over batches; attention matrices are in n*plan units

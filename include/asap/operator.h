@@ -31,8 +31,8 @@ void for_each_closure(const at::Tensor& S, const at::Tensor& f_hat, const LogMar
 
 // The teacher's loop warm-started at f_hat with k >= 1 closures:
 // g1 = col(f_hat), f1 = row(g1), g2 = col(f1), ...; odd k ends on a column.
-ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
-                           const LogMarginals& m, const Convention& c, int k, bool want_attention);
+ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v, const LogMarginals& m,
+                           const Convention& c, int k, bool want_attention);
 
 // One compiled layer in plain ATen (asap-math.md section 5 step by step;
 // the teacher or Sinkhorn loop for the zero-parameter kinds): the

@@ -30,9 +30,8 @@ namespace asap {
 // teacher as deployed: only O (and A) are returned, without the duals compile
 // needs (f, g, f_star and phi_bar_star stay undefined), which is what
 // latencies are measured on.
-TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention = true, bool want_duals = true);
+TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
+                          double scale, int T, const Convention& c, bool want_attention = true, bool want_duals = true);
 
 // Runs one compiled layer on per-head tensors: CPU float32/float64 inputs on
 // the fused kernels (asap::fast::asap_layer), others on the reference

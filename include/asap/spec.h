@@ -35,17 +35,17 @@ struct LinearNames {
 struct LayerSpec {
   std::string name;  // module path of the attention layer, e.g. "transformer.layers.0.0.fn"
   ProjLayout layout = ProjLayout::kFused;
-  LinearNames qkv;                 // kFused
-  std::string qkv_order = "qkv";   // kFused: order of the three chunks along dim 0
-  LinearNames q, k, v;             // kSeparate
-  LinearNames out;                 // output projection; weight empty = none
+  LinearNames qkv;                // kFused
+  std::string qkv_order = "qkv";  // kFused: order of the three chunks along dim 0
+  LinearNames q, k, v;            // kSeparate
+  LinearNames out;                // output projection; weight empty = none
   // "(h d)": feature index = head*head_dim + i (einops 'b n (h d)', view(B,n,H,dh)).
   // "(d h)": feature index = i*heads + head.
   std::string head_layout = "(h d)";
-  int64_t d_model = 0;   // input width of the projections
+  int64_t d_model = 0;  // input width of the projections
   int64_t heads = 0;
-  int64_t head_dim = 0;  // query/key dim per head
-  int64_t value_dim = 0; // value dim per head (usually head_dim)
+  int64_t head_dim = 0;    // query/key dim per head
+  int64_t value_dim = 0;   // value dim per head (usually head_dim)
   double score_scale = 0;  // S = score_scale * <q, k>
   double eps = 1.0;        // entropy
   int T = 0;               // Sinkhorn budget (half-steps, Sinkformer's max_iter)
@@ -78,16 +78,16 @@ void validate_spec(const TeacherSpec& spec, const Checkpoint& ckpt, const std::s
 
 // Layout detection for `asapc inspect`.
 struct DetectedLayers {
-  std::string layout_name;  // "sinkformer-vit", "sinkformer-text", "set-transformer",
-                            // "nn.MultiheadAttention", "hf-qkv", or "" when nothing matched
-  TeacherSpec spec;         // T, eps are filled from the options below (0 = unknown)
+  std::string layout_name;           // "sinkformer-vit", "sinkformer-text", "set-transformer",
+                                     // "nn.MultiheadAttention", "hf-qkv", or "" when nothing matched
+  TeacherSpec spec;                  // T, eps are filled from the options below (0 = unknown)
   std::vector<std::string> notes;    // what was assumed, e.g. head count source
   std::vector<std::string> missing;  // fields that could not be known, e.g. "T"
 };
 struct DetectOptions {
-  int T = 0;            // 0: unknown
+  int T = 0;  // 0: unknown
   double eps = 1.0;
-  int64_t heads = 0;    // 0: infer when the layout allows, else reported missing
+  int64_t heads = 0;       // 0: infer when the layout allows, else reported missing
   double score_scale = 0;  // 0: 1/sqrt(head_dim)
   MaskConvention mask = MaskConvention::kKeepQueries;
 };

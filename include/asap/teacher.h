@@ -43,7 +43,7 @@ at::Tensor center_rows(const at::Tensor& x, const LogMarginals& m, double fill =
 // is tested against (tests/test_fast.cpp). asap::run_teacher (asap/runtime.h)
 // chooses between this and the fused kernels.
 TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention = true);
+                                    const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                                    bool want_attention = true);
 
 }  // namespace asap

@@ -41,17 +41,15 @@ struct TeacherResult {
 //   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 ].
 // Every column is centered over the mass-carrying query rows.
 struct FeatureFamily {
-  int64_t slices = 0;          // sliced Kantorovich potentials (asap-math.md section 4)
-  bool alpha = false;          // centered query cost offset (s/2)||q_i||^2 (section 6b)
-  bool softmax_dual = false;   // centered softmax dual f1 = row(0) + alpha (section 6b): 1 pass
-  bool sinkhorn_dual3 = false; // centered teacher dual after 3 steps, f3 = row(col(row(0))) + alpha:
-                               // 3 passes (f1 comes free on the way); format version 2
-  int64_t num_columns() const {
-    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0);
-  }
+  int64_t slices = 0;           // sliced Kantorovich potentials (asap-math.md section 4)
+  bool alpha = false;           // centered query cost offset (s/2)||q_i||^2 (section 6b)
+  bool softmax_dual = false;    // centered softmax dual f1 = row(0) + alpha (section 6b): 1 pass
+  bool sinkhorn_dual3 = false;  // centered teacher dual after 3 steps, f3 = row(col(row(0))) + alpha:
+                                // 3 passes (f1 comes free on the way); format version 2
+  int64_t num_columns() const { return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0); }
   // Log-sum-exp passes the features cost before any closure.
   int feature_passes() const { return sinkhorn_dual3 ? 3 : softmax_dual ? 1 : 0; }
-  std::string name() const;    // e.g. "L64+alpha+softmax+sinkhorn3"
+  std::string name() const;  // e.g. "L64+alpha+softmax+sinkhorn3"
   bool operator==(const FeatureFamily& o) const {
     return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual &&
            sinkhorn_dual3 == o.sinkhorn_dual3;
@@ -74,12 +72,12 @@ int lse_passes(const FeatureFamily& f, int closures);
 
 struct CompiledLayer {
   OperatorKind kind = OperatorKind::kAsap;
-  int sinkhorn_steps = 0;  // T' for kSinkhorn (1 <= T' < T); 0 otherwise
-  LayerSpec spec;          // teacher conventions: name, heads, dims, scale, eps, T, mask, n-multiplier
-  at::Tensor theta;        // [head_dim, slices_stored] float64, unit-norm columns
-  FeatureFamily family;    // family.slices <= theta.size(1): a prefix of the bank is used
-  bool per_head = false;   // one coefficient row per head, else one per layer
-  at::Tensor coef;         // [per_head ? heads : 1, family.num_columns()] float64
+  int sinkhorn_steps = 0;    // T' for kSinkhorn (1 <= T' < T); 0 otherwise
+  LayerSpec spec;            // teacher conventions: name, heads, dims, scale, eps, T, mask, n-multiplier
+  at::Tensor theta;          // [head_dim, slices_stored] float64, unit-norm columns
+  FeatureFamily family;      // family.slices <= theta.size(1): a prefix of the bank is used
+  bool per_head = false;     // one coefficient row per head, else one per layer
+  at::Tensor coef;           // [per_head ? heads : 1, family.num_columns()] float64
   int default_closures = 0;  // k used when the caller does not ask
   LayerWeights weights;      // projections (may be undefined when compiled from q/k/v)
   std::string fit_json;      // fit options, diagnostics and selection, as JSON text
@@ -109,10 +107,10 @@ struct LayerOutput {
 // ---- progress --------------------------------------------------------------
 
 struct ProgressEvent {
-  std::string layer;     // layer being compiled
-  std::string phase;     // "statistics", "selection", "kl"
-  int64_t done = 0;      // examples (or passes) done in this phase, by this process
-  int64_t total = 0;     // in all: with several processes, the sum over ranks of done reaches it
+  std::string layer;  // layer being compiled
+  std::string phase;  // "statistics", "selection", "kl"
+  int64_t done = 0;   // examples (or passes) done in this phase, by this process
+  int64_t total = 0;  // in all: with several processes, the sum over ranks of done reaches it
 };
 
 }  // namespace asap

@@ -19,14 +19,14 @@ class Communicator;
 struct Checkpoint;
 
 struct VerifyOptions {
-  int max_closures = 5;           // ASAP with k = 1..max_closures
-  bool reduced_budgets = true;    // Sinkhorn normalizers with T' = 1..T-1
-  bool time = true;               // measure latencies
-  int warmup = 1, repeats = 0;    // latency: median of repeats after warm-up (0: about 50 ms per operator, 5-41)
-  int64_t batch_size = 16;        // examples per batch (also the timed batch)
-  int64_t max_examples = 0;       // > 0: only the first examples that pass the filter
-  int64_t scatter_points = 1500;  // predicted vs teacher dual points kept for the plot
-  bool float64 = false;           // compute in float64 (default: float32, as deployed)
+  int max_closures = 5;             // ASAP with k = 1..max_closures
+  bool reduced_budgets = true;      // Sinkhorn normalizers with T' = 1..T-1
+  bool time = true;                 // measure latencies
+  int warmup = 1, repeats = 0;      // latency: median of repeats after warm-up (0: about 50 ms per operator, 5-41)
+  int64_t batch_size = 16;          // examples per batch (also the timed batch)
+  int64_t max_examples = 0;         // > 0: only the first examples that pass the filter
+  int64_t scatter_points = 1500;    // predicted vs teacher dual points kept for the plot
+  bool float64 = false;             // compute in float64 (default: float32, as deployed)
   std::vector<std::string> layers;  // empty: every artifact layer
   std::function<bool(int64_t)> example_filter;  // which data examples to use (default: all)
   std::function<void(const ProgressEvent&)> progress;
@@ -37,11 +37,11 @@ struct VerifyOptions {
 };
 
 struct OperatorResult {
-  std::string kind;       // "teacher", "asap", "sinkhorn"
-  int steps = 0;          // closures (asap) or budget T' (sinkhorn, teacher)
-  int lse_passes = 0;     // log-sum-exp passes including the softmax feature
-  bool is_default = false;         // the artifact's default operator
-  bool teacher_ending = false;     // ends on the teacher's side
+  std::string kind;             // "teacher", "asap", "sinkhorn"
+  int steps = 0;                // closures (asap) or budget T' (sinkhorn, teacher)
+  int lse_passes = 0;           // log-sum-exp passes including the softmax feature
+  bool is_default = false;      // the artifact's default operator
+  bool teacher_ending = false;  // ends on the teacher's side
   FidelityMetrics metrics;
   double latency_s = -1;  // median seconds per timed batch (-1: not timed)
 };
@@ -49,8 +49,8 @@ struct OperatorResult {
 struct LayerVerification {
   std::string name;
   int T = 0;
-  int default_closures = 0;        // ASAP layers; 0 when the layer stores Sinkhorn or the teacher
-  std::string default_operator;    // CompiledLayer::describe() of the stored operator
+  int default_closures = 0;      // ASAP layers; 0 when the layer stores Sinkhorn or the teacher
+  std::string default_operator;  // CompiledLayer::describe() of the stored operator
   int64_t examples = 0;
   std::vector<OperatorResult> operators;  // teacher first, then asap k = 1.. (ASAP layers), then sinkhorn T' = 1..
   std::vector<double> per_head_attention_error;  // default operator, per head

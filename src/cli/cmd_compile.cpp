@@ -1,7 +1,7 @@
 // asapc compile: checkpoint + teacher spec + calibration file -> artifact.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -12,8 +12,8 @@
 #include "asap/compile.h"
 #include "asap/error.h"
 #include "commands.h"
-#include "compile_report.h"
 #include "common.h"
+#include "compile_report.h"
 
 namespace asapc {
 
@@ -44,8 +44,8 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   for (auto f : fs) {
     if (f == "paper") f = "slices";
     if (f == "all") f = "slices+alpha+softmax+sinkhorn3";
-    static const char* known[] = {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3",
-                                  "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3"};
+    static const char* known[] = {"slices", "slices+alpha",  "slices+alpha+softmax",   "slices+alpha+softmax+sinkhorn3",
+                                  "alpha",  "alpha+softmax", "alpha+softmax+sinkhorn3"};
     ASAP_CHECK(std::find(std::begin(known), std::end(known), f) != std::end(known),
                "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
                "slices+alpha+softmax+sinkhorn3 (alias all), alpha, alpha+softmax or alpha+softmax+sinkhorn3; found '",
@@ -79,8 +79,8 @@ void apply_objective(CompileArgs& a) {
 }
 
 void print_summary(const nlohmann::json& sum, const std::string& out) {
-  std::cout << "compiled " << sum["layers"].size() << " layer(s) in " << human_seconds(sum["total_time_s"].get<double>())
-            << " -> " << out << "\n";
+  std::cout << "compiled " << sum["layers"].size() << " layer(s) in "
+            << human_seconds(sum["total_time_s"].get<double>()) << " -> " << out << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-30s %6s %7s %-34s %3s %8s %10s %10s %8s\n", "layer", "rows", "heldout",
                 "operator", "k", "ridge", "dual RMSE", "attn err", "fit");
@@ -116,9 +116,8 @@ void print_summary(const nlohmann::json& sum, const std::string& out) {
       const auto& k = l["kl"];
       std::cout << "    KL fit: ridge " << k["ridge"].get<double>() << ", " << k["iterations"] << " Newton iterations"
                 << (k["converged"].get<bool>() ? " (converged)" : " (iteration cap)") << ", objective "
-                << k["objective"].get<double>() << ", |grad| " << k["grad_norm"].get<double>()
-                << ", held-out KL " << k["heldout_kl"].get<double>() << " (LS " << k["heldout_kl_ls"].get<double>()
-                << ")\n";
+                << k["objective"].get<double>() << ", |grad| " << k["grad_norm"].get<double>() << ", held-out KL "
+                << k["heldout_kl"].get<double>() << " (LS " << k["heldout_kl_ls"].get<double>() << ")\n";
     }
     if (l.contains("attention_fit")) {
       const auto& k = l["attention_fit"];
@@ -152,11 +151,14 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                 "by L-BFGS on the attention error after the operator's closures; kept if held-out error improves)")
       ->capture_default_str();
   c->add_option("--slices", o.slice_bank, "slice bank size per layer")->capture_default_str();
-  c->add_option("--slice-counts", o.slice_counts, "nested slice prefixes tried, a,b,... or a b ... (default 0,1,2,4,8,... up to --slices)")
+  c->add_option("--slice-counts", o.slice_counts,
+                "nested slice prefixes tried, a,b,... or a b ... (default 0,1,2,4,8,... up to --slices)")
       ->delimiter(',');
   c->add_option("--fixed-slices", o.fixed_slices, "use exactly this many slices (no selection)");
   c->add_option("--features", a->features,
-                "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the four slices+... families, slice prefixes from 0)")
+                "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, "
+                "slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the "
+                "four slices+... families, slice prefixes from 0)")
       ->delimiter(',');
   c->add_option("--heads-mode", a->heads, "coefficients pooled, per-head, or auto (both candidates)")
       ->capture_default_str();
@@ -189,8 +191,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--latency-table", a->latency_table,
                 "take latencies from this JSON file ({layer or \"*\": {operator key: seconds}}) instead of measuring");
-  c->add_flag("--no-zero-parameter", [&o](int64_t) { o.zero_parameter_operators = false; },
-              "never store plain Sinkhorn or the teacher: ASAP maps only");
+  c->add_flag(
+      "--no-zero-parameter", [&o](int64_t) { o.zero_parameter_operators = false; },
+      "never store plain Sinkhorn or the teacher: ASAP maps only");
   c->add_option("--selection-examples", o.selection_examples,
                 "held-out examples that run the closures when choosing features and k (0 = all)")
       ->capture_default_str();
@@ -202,7 +205,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_flag("--float64", o.float64, "run teacher and features in float64 (default: float32)");
   c->add_flag("--skip-bad-examples", o.skip_bad_examples,
               "exclude calibration examples whose attention scores overflow, with a warning (default: refuse them)");
-  c->add_option("--report", a->report, "HTML fidelity report on the held-out split (default: OUTPUT stem + .report.html)");
+  c->add_option("--report", a->report,
+                "HTML fidelity report on the held-out split (default: OUTPUT stem + .report.html)");
   c->add_option("--report-json", a->report_json, "its JSON (default: OUTPUT stem + .report.json)");
   c->add_flag("--no-report", a->no_report, "skip the fidelity report");
   c->add_option("--threads", a->threads, "threads (default: all cores)");
@@ -250,11 +254,11 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       // else --threads in one process, else every core (a rank's --threads
       // is its share of the machine, not the deployment's).
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      a->opt.latency_threads = a->deploy_threads > 0   ? a->deploy_threads
+      a->opt.latency_threads = a->deploy_threads > 0    ? a->deploy_threads
                                : a->deploy_threads == 0 ? cores
-                               : comm                 ? cores
-                               : a->threads > 0       ? a->threads
-                                                      : cores;
+                               : comm                   ? cores
+                               : a->threads > 0         ? a->threads
+                                                        : cores;
       const bool lead = !comm || comm->rank() == 0;
       Progress bar(a->quiet || !lead);
       GroupProgress progress(bar, comm);
@@ -274,7 +278,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       if (!a->no_report) {
         std::string stem = a->out;
         for (const char* ext : {".asap.h5", ".h5"})
-          if (stem.size() > std::strlen(ext) && stem.compare(stem.size() - std::strlen(ext), std::string::npos, ext) == 0) {
+          if (stem.size() > std::strlen(ext) &&
+              stem.compare(stem.size() - std::strlen(ext), std::string::npos, ext) == 0) {
             stem.resize(stem.size() - std::strlen(ext));
             break;
           }

@@ -33,12 +33,16 @@ struct InspectArgs {
 int inspect_artifact(const InspectArgs& a) {
   auto art = asap::read_artifact(a.file);
   if (a.json) {
-    nlohmann::json j{{"format", asap::kArtifactFormat}, {"format_version", art.format_version},
+    nlohmann::json j{{"format", asap::kArtifactFormat},    {"format_version", art.format_version},
                      {"asapc_version", art.asapc_version}, {"teacher_sha256", art.teacher_sha256},
-                     {"teacher_file", art.teacher_file}, {"created_utc", art.created_utc}, {"layers", nlohmann::json::array()}};
+                     {"teacher_file", art.teacher_file},   {"created_utc", art.created_utc},
+                     {"layers", nlohmann::json::array()}};
     for (const auto& l : art.layers)
-      j["layers"].push_back({{"name", l.spec.name}, {"family", l.family.name()}, {"per_head", l.per_head},
-                             {"default_closures", l.default_closures}, {"T", l.spec.T},
+      j["layers"].push_back({{"name", l.spec.name},
+                             {"family", l.family.name()},
+                             {"per_head", l.per_head},
+                             {"default_closures", l.default_closures},
+                             {"T", l.spec.T},
                              {"fit", nlohmann::json::parse(l.fit_json.empty() ? "null" : l.fit_json)}});
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -111,9 +115,10 @@ int inspect_checkpoint(const InspectArgs& a) {
       info << "  " << std::left << std::setw(48) << n << " " << t.scalar_type() << " " << t.sizes() << "\n";
     }
   if (det.layout_name.empty()) {
-    throw asap::Error(asap::str("checkpoint '", a.file,
-                                "': no attention layer of a known layout found (looked for to_qkv, WQ/WK/WV, fc_q/fc_k/fc_v, "
-                                "in_proj_weight, q_proj/k_proj/v_proj); write a teacher spec by hand (docs/teacher-spec.md)"));
+    throw asap::Error(
+        asap::str("checkpoint '", a.file,
+                  "': no attention layer of a known layout found (looked for to_qkv, WQ/WK/WV, fc_q/fc_k/fc_v, "
+                  "in_proj_weight, q_proj/k_proj/v_proj); write a teacher spec by hand (docs/teacher-spec.md)"));
   }
   info << "layout: " << det.layout_name << ", " << det.spec.layers.size() << " attention layer(s)\n";
   for (const auto& n : det.notes) info << "note: " << n << "\n";
@@ -137,7 +142,8 @@ int inspect_checkpoint(const InspectArgs& a) {
 
 void add_inspect(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<InspectArgs>();
-  auto* c = app.add_subcommand("inspect", "Describe a checkpoint (and print a teacher spec), an artifact or a calibration file");
+  auto* c = app.add_subcommand("inspect",
+                               "Describe a checkpoint (and print a teacher spec), an artifact or a calibration file");
   c->add_option("file", a->file, "checkpoint (.pt/.pth/.safetensors), artifact or calibration file")->required();
   c->add_option("--T", a->T, "Sinkhorn budget of the teacher (half-steps, Sinkformer's max_iter)");
   c->add_option("--eps", a->eps, "Sinkhorn entropy")->capture_default_str();
@@ -149,7 +155,9 @@ void add_inspect(CLI::App& app, std::function<int()>& run) {
   c->add_flag("--json", a->json, "machine-readable output (artifacts)");
   c->callback([a, c, &run] {
     run = [a, c] {
-      require_values(c, {{"--T", Takes::kPositiveInt}, {"--heads", Takes::kPositiveInt}, {"--eps", Takes::kPositive},
+      require_values(c, {{"--T", Takes::kPositiveInt},
+                         {"--heads", Takes::kPositiveInt},
+                         {"--eps", Takes::kPositive},
                          {"--score-scale", Takes::kPositive}});
       const std::string fmt = asap::hdf5_format_of(a->file);
       if (fmt == asap::kArtifactFormat) return inspect_artifact(*a);

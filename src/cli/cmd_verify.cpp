@@ -33,7 +33,8 @@ struct VerifyArgs {
 };
 
 // The examples of compile's split, from the seed and fraction the artifact records.
-std::function<bool(int64_t)> split_filter(const asap::Artifact& art, const std::string& path, const std::string& split) {
+std::function<bool(int64_t)> split_filter(const asap::Artifact& art, const std::string& path,
+                                          const std::string& split) {
   ASAP_CHECK(split == "all" || split == "heldout" || split == "train", "--split must be all, heldout or train, found '",
              split, "'");
   if (split == "all") return {};
@@ -56,9 +57,14 @@ void check_same_start(asap::Communicator& comm, const VerifyArgs& a, const std::
   const nlohmann::json mine{{"checkpoint (SHA-256)", ckpt_sha},
                             {"artifacts (SHA-256)", arts},
                             {"verify options",
-                             {{"max_closures", o.max_closures}, {"batch_size", o.batch_size},
-                              {"max_examples", o.max_examples}, {"float64", o.float64}, {"layers", o.layers},
-                              {"split", a.split}, {"timing", o.time}, {"force", a.force}}}};
+                             {{"max_closures", o.max_closures},
+                              {"batch_size", o.batch_size},
+                              {"max_examples", o.max_examples},
+                              {"float64", o.float64},
+                              {"layers", o.layers},
+                              {"split", a.split},
+                              {"timing", o.time},
+                              {"force", a.force}}}};
   asap::require_same_start(comm, mine.dump(), {{"verify options", "verify option"}},
                            "every rank must verify the same artifacts against the same checkpoint with the same "
                            "options");
@@ -71,7 +77,8 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   auto* c = app.add_subcommand("verify", "Compare a compiled artifact against its teacher on held-out data");
   c->add_option("checkpoint", a->checkpoint, "teacher checkpoint the artifact was compiled from")->required();
   c->add_option("--artifact", a->artifact, "compiled artifact")->required();
-  c->add_option("--data", a->data, "held-out data (calibration format); several files or a quoted glob are read as one set")
+  c->add_option("--data", a->data,
+                "held-out data (calibration format); several files or a quoted glob are read as one set")
       ->required();
   c->add_option("--compare", a->compare, "further artifacts of the same teacher to show side by side (e.g. --fit kl)");
   c->add_option("--report", a->report, "write the HTML report here (default: ARTIFACT.verify.html)");
@@ -88,7 +95,8 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
   c->add_flag("--float64", a->opt.float64, "compute in float64");
   c->add_option("--max-attention-error", a->max_attention_error,
                 "exit 1 when the default operator's attention relative error exceeds this on any layer");
-  c->add_option("--max-output-rmse", a->max_output_rmse, "exit 1 when the default operator's head output RMSE exceeds this");
+  c->add_option("--max-output-rmse", a->max_output_rmse,
+                "exit 1 when the default operator's head output RMSE exceeds this");
   c->add_option("--max-col-marginal-error", a->max_col_marginal_error,
                 "exit 1 when the default operator's column marginal error exceeds this");
   c->add_option("--max-kl", a->max_kl, "exit 1 when the default operator's teacher-plan KL exceeds this");
@@ -163,8 +171,9 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
             if (limit < 0) return;
             const double v = m[key].get<double>();
             if (v > limit) {
-              if (lead) std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
-                        << " exceeds " << flag << " " << limit << "\n";
+              if (lead)
+                std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
+                          << " exceeds " << flag << " " << limit << "\n";
               code = kExitThreshold;
             }
           };

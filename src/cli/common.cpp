@@ -31,9 +31,12 @@ void set_threads(int threads) {
 
 std::string human_seconds(double s) {
   char buf[32];
-  if (s < 1) std::snprintf(buf, sizeof buf, "%.0f ms", s * 1e3);
-  else if (s < 120) std::snprintf(buf, sizeof buf, "%.1f s", s);
-  else std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.0f ms", s * 1e3);
+  else if (s < 120)
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
+  else
+    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
   return buf;
 }
 
@@ -93,14 +96,27 @@ void require_values(CLI::App* cmd, std::initializer_list<std::pair<const char*, 
       bool ok = false;
       const char* what = "";
       switch (takes) {
-        case Takes::kNonNegative: ok = number && v >= 0, what = "a finite number >= 0"; break;
-        case Takes::kPositive: ok = number && v > 0, what = "a finite number > 0"; break;
-        case Takes::kNonNegativeInt: ok = integer && v >= 0, what = "an integer >= 0"; break;
-        case Takes::kPositiveInt: ok = integer && v >= 1, what = "an integer >= 1"; break;
-        case Takes::kThreads: ok = integer && v >= 0 && v <= 1024, what = "0 (all cores) or a thread count up to 1024"; break;
-        case Takes::kThreshold: ok = number && (v >= 0 || v == -1), what = "a finite number >= 0 (or -1: no gate)"; break;
+        case Takes::kNonNegative:
+          ok = number && v >= 0, what = "a finite number >= 0";
+          break;
+        case Takes::kPositive:
+          ok = number && v > 0, what = "a finite number > 0";
+          break;
+        case Takes::kNonNegativeInt:
+          ok = integer && v >= 0, what = "an integer >= 0";
+          break;
+        case Takes::kPositiveInt:
+          ok = integer && v >= 1, what = "an integer >= 1";
+          break;
+        case Takes::kThreads:
+          ok = integer && v >= 0 && v <= 1024, what = "0 (all cores) or a thread count up to 1024";
+          break;
+        case Takes::kThreshold:
+          ok = number && (v >= 0 || v == -1), what = "a finite number >= 0 (or -1: no gate)";
+          break;
         case Takes::kDistTimeout:
-          ok = number && v > 0 && v <= asap::kMaxDistTimeoutS, what = "a number of seconds > 0 and at most 604800 (one week)";
+          ok = number && v > 0 && v <= asap::kMaxDistTimeoutS,
+          what = "a number of seconds > 0 and at most 604800 (one week)";
           break;
       }
       ASAP_CHECK(ok, flag, " takes ", what, ", found '", text, "'");

@@ -32,7 +32,10 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
   }
   nlohmann::json j;
   if (held < opt.min_heldout) {
-    j = {{"artifact", artifact_path}, {"checkpoint", checkpoint}, {"data", calib_path}, {"layers", nlohmann::json::array()},
+    j = {{"artifact", artifact_path},
+         {"checkpoint", checkpoint},
+         {"data", calib_path},
+         {"layers", nlohmann::json::array()},
          {"too_small", true},
          {"message", asap::str("The held-out split has only ", held, " example(s) (fewer than ", opt.min_heldout,
                                "), too few to measure fidelity; verify on a separate held-out file instead.")}};
@@ -50,7 +53,8 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
           excluded.push_back(e);
     std::sort(excluded.begin(), excluded.end());
     vo.example_filter = [&opt, excluded](int64_t e) {
-      return (opt.max_examples <= 0 || e < opt.max_examples) && asap::in_heldout_split(opt.seed, opt.heldout_fraction, e) &&
+      return (opt.max_examples <= 0 || e < opt.max_examples) &&
+             asap::in_heldout_split(opt.seed, opt.heldout_fraction, e) &&
              !std::binary_search(excluded.begin(), excluded.end(), e);
     };
     vo.progress = progress;
@@ -59,7 +63,8 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
   }
   j["source"] = "compile";
   j["fit"] = opt.fit;
-  if (!comm || comm->rank() == 0) asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
+  if (!comm || comm->rank() == 0)
+    asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
   return j;
 }
 
@@ -79,7 +84,8 @@ void print_report_lines(const nlohmann::json& r, std::ostream& os) {
     const double t_def = (*def)["latency_s"];
     for (const auto& o : l["operators"])
       if (o["kind"] == "sinkhorn" && &o != def &&
-          (!near || std::abs(o["latency_s"].get<double>() - t_def) < std::abs((*near)["latency_s"].get<double>() - t_def)))
+          (!near ||
+           std::abs(o["latency_s"].get<double>() - t_def) < std::abs((*near)["latency_s"].get<double>() - t_def)))
         near = &o;
     char line[512];
     auto err = [](const nlohmann::json* o) { return (*o)["metrics"]["attention_rel_error"].get<double>(); };
@@ -93,7 +99,8 @@ void print_report_lines(const nlohmann::json& r, std::ostream& os) {
       os << line;
     }
     if (near) {
-      std::snprintf(line, sizeof line, " | Sinkhorn T'=%d (nearest latency) %.4f", (*near)["steps"].get<int>(), err(near));
+      std::snprintf(line, sizeof line, " | Sinkhorn T'=%d (nearest latency) %.4f", (*near)["steps"].get<int>(),
+                    err(near));
       os << line;
     }
     const double t_teacher = (*teacher)["latency_s"];

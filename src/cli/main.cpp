@@ -33,8 +33,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One sentence, as for every other bad input.
-    std::cerr << "asapc: error: " << e.what() << " (see asapc " << (app.get_subcommands().empty() ? std::string() :
-                 app.get_subcommands()[0]->get_name() + " ") << "--help)\n";
+    std::cerr << "asapc: error: " << e.what() << " (see asapc "
+              << (app.get_subcommands().empty() ? std::string() : app.get_subcommands()[0]->get_name() + " ")
+              << "--help)\n";
     return asapc::kExitBadInput;
   }
   try {

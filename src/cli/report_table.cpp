@@ -83,8 +83,8 @@ void print_verify_table(const nlohmann::json& v, std::ostream& os) {
       if (c.value("operator", std::string("asap")) != "asap")
         os << "  compiled: " << c.value("description", std::string("?"));
       else
-        os << "  compiled: " << c.value("family", std::string("?")) << (c.value("per_head", false) ? " per head" : " pooled")
-           << ", k=" << k;
+        os << "  compiled: " << c.value("family", std::string("?"))
+           << (c.value("per_head", false) ? " per head" : " pooled") << ", k=" << k;
       os << " (held-out error at compile " << num(c.value("heldout_attention_error", -1.0)) << ")";
       for (const auto& cand : fit["candidates"])
         if (cand.value("candidate", std::string()) == "slices/pooled") {

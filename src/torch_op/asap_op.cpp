@@ -98,7 +98,7 @@ class Registry {
     try {
       model = asap::CompiledModel::load(canon);
     } catch (const asap::Error& e) {
-        TORCH_CHECK_VALUE(false, e.what());
+      TORCH_CHECK_VALUE(false, e.what());
     }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = by_path_.find(canon);  // another thread may have won the race
@@ -111,9 +111,8 @@ class Registry {
 
   std::shared_ptr<const asap::CompiledModel> model(int64_t handle) {
     std::lock_guard<std::mutex> lock(mu_);
-    TORCH_CHECK_VALUE(handle >= 0 && handle < static_cast<int64_t>(entries_.size()),
-                      "asap: unknown artifact handle ", handle, " (", entries_.size(),
-                      " loaded; get one from torch.ops.asap.load(path))");
+    TORCH_CHECK_VALUE(handle >= 0 && handle < static_cast<int64_t>(entries_.size()), "asap: unknown artifact handle ",
+                      handle, " (", entries_.size(), " loaded; get one from torch.ops.asap.load(path))");
     return entries_[handle].model;
   }
 
@@ -149,16 +148,14 @@ at::Tensor mask_of(const c10::optional<at::Tensor>& key_mask) {
   if (!key_mask.has_value() || !key_mask->defined()) return at::Tensor();
   const at::Tensor& m = *key_mask;
   TORCH_CHECK_VALUE(!m.is_floating_point() && !m.is_complex(),
-                    "asap: key_mask must be bool or integer [B, n] (true / nonzero = token), found ",
-                    m.scalar_type());
+                    "asap: key_mask must be bool or integer [B, n] (true / nonzero = token), found ", m.scalar_type());
   return m.to(at::kBool);
 }
 
 asap::LayerOutput run(const char* op, int64_t handle, const std::string& layer, const at::Tensor& q,
                       const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
                       int64_t closures, bool want_attention, bool want_phi = false) {
-  TORCH_CHECK_VALUE(closures >= 0, "asap::", op, ": closures must be >= 0 (0 = the layer's default), found ",
-                    closures);
+  TORCH_CHECK_VALUE(closures >= 0, "asap::", op, ": closures must be >= 0 (0 = the layer's default), found ", closures);
   auto model = Registry::get().model(handle);
   warn_if_grad(op, {&q, &k, &v});
   at::NoGradGuard no_grad;
@@ -240,8 +237,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> op_attend_full(int64_t handle, co
 
 at::Tensor op_forward(int64_t handle, const std::string& layer, const at::Tensor& x,
                       const c10::optional<at::Tensor>& key_mask, int64_t closures) {
-  TORCH_CHECK_VALUE(closures >= 0, "asap::forward: closures must be >= 0 (0 = the layer's default), found ",
-                    closures);
+  TORCH_CHECK_VALUE(closures >= 0, "asap::forward: closures must be >= 0 (0 = the layer's default), found ", closures);
   auto model = Registry::get().model(handle);
   warn_if_grad("forward", {&x});
   at::NoGradGuard no_grad;
@@ -263,14 +259,12 @@ std::tuple<at::Tensor, at::Tensor> op_teacher(const at::Tensor& q, const at::Ten
   TORCH_CHECK_VALUE(q.dim() == 4, "asap::teacher: q must be [B, H, n, d], found ", q.sizes());
   TORCH_CHECK_VALUE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
                     "asap::teacher: q must be float32 or float64, found ", q.scalar_type());
-  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "asap::teacher: k must have q's shape ", q.sizes(), ", found ",
-                    k.sizes());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "asap::teacher: k must have q's shape ", q.sizes(), ", found ", k.sizes());
   TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
                     "asap::teacher: v must be [", q.size(0), ", ", q.size(1), ", ", q.size(2), ", dv], found ",
                     v.sizes());
   TORCH_CHECK_VALUE(k.is_floating_point() && v.is_floating_point(),
-                    "asap::teacher: k and v must be floating point, found ", k.scalar_type(), " and ",
-                    v.scalar_type());
+                    "asap::teacher: k and v must be floating point, found ", k.scalar_type(), " and ", v.scalar_type());
   warn_if_grad("teacher", {&q, &k, &v});
   at::NoGradGuard no_grad;
   asap::Convention c;
@@ -305,15 +299,18 @@ TORCH_LIBRARY(asap, m) {
   m.def("layer_info(int handle, str layer) -> str", op_layer_info);
   m.def("attend(int handle, str layer, Tensor q, Tensor k, Tensor v, Tensor? key_mask=None, int closures=0) -> Tensor",
         op_attend);
-  m.def("attend_with_attention(int handle, str layer, Tensor q, Tensor k, Tensor v, Tensor? key_mask=None, "
-        "int closures=0) -> (Tensor, Tensor)",
-        op_attend_with_attention);
-  m.def("attend_full(int handle, str layer, Tensor q, Tensor k, Tensor v, Tensor? key_mask=None, "
-        "int closures=0) -> (Tensor, Tensor, Tensor)",
-        op_attend_full);
+  m.def(
+      "attend_with_attention(int handle, str layer, Tensor q, Tensor k, Tensor v, Tensor? key_mask=None, "
+      "int closures=0) -> (Tensor, Tensor)",
+      op_attend_with_attention);
+  m.def(
+      "attend_full(int handle, str layer, Tensor q, Tensor k, Tensor v, Tensor? key_mask=None, "
+      "int closures=0) -> (Tensor, Tensor, Tensor)",
+      op_attend_full);
   m.def("forward(int handle, str layer, Tensor x, Tensor? key_mask=None, int closures=0) -> Tensor", op_forward);
-  m.def("teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1.0, "
-        "bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False) -> (Tensor, Tensor)",
-        op_teacher);
+  m.def(
+      "teacher(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float scale, int T, float eps=1.0, "
+      "bool drop_padded_queries=False, bool multiply_by_n=True, bool return_attention=False) -> (Tensor, Tensor)",
+      op_teacher);
   m.def("machine() -> str", op_machine);
 }

@@ -88,7 +88,6 @@ int main(int argc, char** argv) {
         }
     });
   for (auto& th : threads) th.join();
-  std::printf("%d loads on %d threads, %d differ from the main thread's\n", loads.load(), kThreads,
-              mismatches.load());
+  std::printf("%d loads on %d threads, %d differ from the main thread's\n", loads.load(), kThreads, mismatches.load());
   return mismatches.load() == 0 ? 0 : 1;
 }

@@ -40,15 +40,15 @@
 
 using asap::fast::detail::key_value;
 using asap::fast::detail::sort_key;
-using asap::fast::detail::SortScratch;
 using asap::fast::detail::sorted_values;
 using asap::fast::detail::sorted_with_order;
+using asap::fast::detail::SortScratch;
 
 namespace {
 
-constexpr int kL = 64;         // slices
+constexpr int kL = 64;          // slices
 constexpr int kSorts = 2 * kL;  // sorts per head (queries and keys)
-constexpr int kD = 64;         // head dimension for the projections
+constexpr int kD = 64;          // head dimension for the projections
 
 const hwy::Sorter& shared_sorter() {
   static hwy::Sorter s;
@@ -74,8 +74,8 @@ inline void f32_extract(int64_t m, const uint64_t* w, std::vector<int32_t>& orde
 enum Method { kAsapc = 0, kVqNew, kVqReuse, kStd, kNumMethods };
 const char* kNames[kNumMethods] = {"asapc", "vq/new", "vq/reuse", "std::sort"};
 
-void argsort_f32(Method me, int64_t m, const float* v, SortScratch<float>& s, F32Buf& b,
-                 std::vector<int32_t>& order, double* out) {
+void argsort_f32(Method me, int64_t m, const float* v, SortScratch<float>& s, F32Buf& b, std::vector<int32_t>& order,
+                 double* out) {
   if (me == kAsapc) {
     sorted_with_order(m, v, s, order, out);
     return;
@@ -98,8 +98,8 @@ struct F64Buf {
   std::vector<hwy::uint128_t> w;
 };
 
-void argsort_f64(Method me, int64_t m, const double* v, SortScratch<double>& s, F64Buf& b,
-                 std::vector<int32_t>& order, double* out) {
+void argsort_f64(Method me, int64_t m, const double* v, SortScratch<double>& s, F64Buf& b, std::vector<int32_t>& order,
+                 double* out) {
   if (me == kAsapc) {
     sorted_with_order(m, v, s, order, out);
     return;
@@ -177,7 +177,8 @@ std::vector<T> projections(int64_t m, uint64_t seed) {
 
 double now_ns() {
   return static_cast<double>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 double median(std::vector<double> a) {
@@ -194,8 +195,8 @@ std::vector<std::pair<std::string, std::vector<T>>> check_inputs(int64_t m, uint
   std::vector<T> rnd(m), ties(m), few(m), asc, desc, zeros(m), same(m, T(1.5));
   for (int64_t r = 0; r < m; ++r) {
     rnd[r] = static_cast<T>(g(rng));
-    ties[r] = static_cast<T>(std::round(g(rng)));               // about 7 levels
-    few[r] = static_cast<T>(std::round(g(rng) * 8.0) / 8.0);    // about 50 levels
+    ties[r] = static_cast<T>(std::round(g(rng)));                                        // about 7 levels
+    few[r] = static_cast<T>(std::round(g(rng) * 8.0) / 8.0);                             // about 50 levels
     zeros[r] = (r % 3 == 0) ? T(-0.0) : (r % 3 == 1 ? T(0.0) : static_cast<T>(g(rng)));  // -0 ties +0
   }
   asc = rnd;
@@ -206,9 +207,15 @@ std::vector<std::pair<std::string, std::vector<T>>> check_inputs(int64_t m, uint
   std::sort(asc_ties.begin(), asc_ties.end());
   std::vector<T> desc_ties = asc_ties;
   std::reverse(desc_ties.begin(), desc_ties.end());
-  return {{"random", rnd},       {"ties7", ties},           {"ties50", few},
-          {"sorted", asc},       {"reversed", desc},        {"sorted_ties", asc_ties},
-          {"reversed_ties", desc_ties}, {"pm_zero", zeros}, {"all_equal", same}};
+  return {{"random", rnd},
+          {"ties7", ties},
+          {"ties50", few},
+          {"sorted", asc},
+          {"reversed", desc},
+          {"sorted_ties", asc_ties},
+          {"reversed_ties", desc_ties},
+          {"pm_zero", zeros},
+          {"all_equal", same}};
 }
 
 int check_all() {
@@ -296,8 +303,8 @@ void time_table(const char* title, int reps, const Fn& head_fn /* (method, m) ->
     }
     double med[kNumMethods];
     for (int me = 0; me < kNumMethods; ++me) med[me] = median(t[me]);
-    std::printf("%6lld %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f\n", (long long)m, med[kAsapc], med[kVqNew],
-                med[kVqReuse], med[kStd], med[kVqNew] / med[kAsapc], med[kVqReuse] / med[kAsapc]);
+    std::printf("%6lld %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f\n", (long long)m, med[kAsapc], med[kVqNew], med[kVqReuse],
+                med[kStd], med[kVqNew] / med[kAsapc], med[kVqReuse] / med[kAsapc]);
     std::fflush(stdout);
   }
 }
@@ -352,9 +359,10 @@ int main(int argc, char** argv) {
   if (check_only) return 0;
   {
     const double g = getrandom_ns();
-    std::printf("getrandom(24 bytes): %.0f ns per call = %.2f / %.2f / %.2f / %.2f / %.2f ns per element at m = 256 / "
-                "512 / 1024 / 2048 / 4096\n",
-                g, g / 256, g / 512, g / 1024, g / 2048, g / 4096);
+    std::printf(
+        "getrandom(24 bytes): %.0f ns per call = %.2f / %.2f / %.2f / %.2f / %.2f ns per element at m = 256 / "
+        "512 / 1024 / 2048 / 4096\n",
+        g, g / 256, g / 512, g / 1024, g / 2048, g / 4096);
   }
 
   // float32 argsort

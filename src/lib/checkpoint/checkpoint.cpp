@@ -23,16 +23,26 @@ using Kind = Value::Kind;
 
 at::ScalarType scalar_type(DType t) {
   switch (t) {
-    case DType::Float32: return at::kFloat;
-    case DType::Float64: return at::kDouble;
-    case DType::Float16: return at::kHalf;
-    case DType::BFloat16: return at::kBFloat16;
-    case DType::Int64: return at::kLong;
-    case DType::Int32: return at::kInt;
-    case DType::Int16: return at::kShort;
-    case DType::Int8: return at::kChar;
-    case DType::UInt8: return at::kByte;
-    case DType::Bool: return at::kBool;
+    case DType::Float32:
+      return at::kFloat;
+    case DType::Float64:
+      return at::kDouble;
+    case DType::Float16:
+      return at::kHalf;
+    case DType::BFloat16:
+      return at::kBFloat16;
+    case DType::Int64:
+      return at::kLong;
+    case DType::Int32:
+      return at::kInt;
+    case DType::Int16:
+      return at::kShort;
+    case DType::Int8:
+      return at::kChar;
+    case DType::UInt8:
+      return at::kByte;
+    case DType::Bool:
+      return at::kBool;
   }
   ASAP_ASSERT(false);
 }
@@ -141,8 +151,9 @@ Found find_state_dict(const Value* root, const std::string& ctx, const std::stri
   if (take(root, "", ctx, out)) return out;
   if (root->kind == Kind::Dict) {
     // Training scripts nest the weights under one of a few habitual keys.
-    static const char* keys[] = {"state_dict", "model_state_dict", "model_state", "model", "net", "network",
-                                 "module", "weights", "params", "parameters", "model_weights", "ema"};
+    static const char* keys[] = {"state_dict", "model_state_dict", "model_state",   "model",
+                                 "net",        "network",          "module",        "weights",
+                                 "params",     "parameters",       "model_weights", "ema"};
     for (const char* key : keys)
       if (const Value* v = root->get(key); v && take(v, str("checkpoint dict['", key, "']"), ctx, out)) return out;
     std::vector<std::string> candidates;
@@ -161,8 +172,8 @@ Found find_state_dict(const Value* root, const std::string& ctx, const std::stri
       for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
       throw Error(str(ctx, " holds several state dicts (under ", list,
                       ") and none under a usual key such as 'state_dict'; save the one you want on its own, "
-                      "e.g. python3 -c \"import torch; c = torch.load('", path, "', map_location='cpu'); torch.save(c[",
-                      candidates[0], "], '", path, ".new')\""));
+                      "e.g. python3 -c \"import torch; c = torch.load('",
+                      path, "', map_location='cpu'); torch.save(c[", candidates[0], "], '", path, ".new')\""));
     }
   }
   throw Error(str("no tensors found in ", ctx, ": top-level object is ", detail::describe(*root)));
@@ -198,13 +209,16 @@ class TorchZipLoader {
     }
     if (!pkl) {
       std::string first = zip_.entries().empty() ? "none" : "'" + zip_.entries()[0].name + "'";
-      throw Error(str(ctx_, ": zip archive has no <folder>/data.pkl record, so it was not written by torch.save "
-                            "(first entry: ", first, ")"));
+      throw Error(str(ctx_,
+                      ": zip archive has no <folder>/data.pkl record, so it was not written by torch.save "
+                      "(first entry: ",
+                      first, ")"));
     }
     if (zip_.find(prefix_ + "constants.pkl") || zip_.find(prefix_ + "code/"))
-      throw Error(str(ctx_, " is a TorchScript archive (torch.jit.save), not a torch.save checkpoint; save its "
-                            "weights with torch.save(torch.jit.load('", path_, "').state_dict(), '", path_,
-                            ".pt')"));
+      throw Error(str(ctx_,
+                      " is a TorchScript archive (torch.jit.save), not a torch.save checkpoint; save its "
+                      "weights with torch.save(torch.jit.load('",
+                      path_, "').state_dict(), '", path_, ".pt')"));
     for (const auto& e : zip_.entries())
       if (e.name.rfind(prefix_ + "code/", 0) == 0)
         throw Error(str(ctx_, " is a TorchScript archive (torch.jit.save), not a torch.save checkpoint"));
@@ -255,8 +269,10 @@ class TorchZipLoader {
     if (!empty) {
       for (std::size_t d = 0; d < r.sizes.size() && inside; ++d) {
         uint64_t span = static_cast<uint64_t>(r.sizes[d] - 1), stride = static_cast<uint64_t>(r.strides[d]);
-        if (stride != 0 && span > (avail - last) / stride) inside = false;
-        else last += span * stride;
+        if (stride != 0 && span > (avail - last) / stride)
+          inside = false;
+        else
+          last += span * stride;
       }
       inside = inside && last < avail;
     }
@@ -324,8 +340,7 @@ const at::Tensor& Checkpoint::get(const std::string& name) const {
       std::size_t d = (ends_with(n, "." + name) || ends_with(name, "." + n)) ? 0 : edit_distance(n, name);
       if (d <= std::max<std::size_t>(2, name.size() / 5)) close.emplace_back(d, n);
     }
-    std::stable_sort(close.begin(), close.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(close.begin(), close.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   }
   if (!close.empty()) {
     msg += "; did you mean ";
@@ -351,8 +366,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (n >= 4 && p[0] == 'P' && p[1] == 'K' && ((p[2] == 3 && p[3] == 4) || (p[2] == 5 && p[3] == 6))) {
     TorchZipLoader(file, ctx, path).load(ck);
   } else if (is_legacy_torch(p, n)) {
-    throw Error(str(ctx, " uses the legacy (pre-1.6) torch.save format, which is not supported; convert it with: "
-                         "python3 -c \"import torch; torch.save(torch.load('",
+    throw Error(str(ctx,
+                    " uses the legacy (pre-1.6) torch.save format, which is not supported; convert it with: "
+                    "python3 -c \"import torch; torch.save(torch.load('",
                     path, "', map_location='cpu'), '", path, ".new')\""));
   } else if (detail::looks_like_safetensors(p, n)) {
     load_safetensors(file, ctx, ck);
@@ -366,8 +382,9 @@ Checkpoint load_checkpoint(const std::string& path) {
 
   // DataParallel / DistributedDataParallel wrap the model as "module".
   static const std::string kWrap = "module.";
-  while (!ck.names.empty() &&
-         std::all_of(ck.names.begin(), ck.names.end(), [](const std::string& s) { return s.rfind(kWrap, 0) == 0 && s.size() > kWrap.size(); })) {
+  while (!ck.names.empty() && std::all_of(ck.names.begin(), ck.names.end(), [](const std::string& s) {
+    return s.rfind(kWrap, 0) == 0 && s.size() > kWrap.size();
+  })) {
     std::unordered_map<std::string, at::Tensor> renamed;
     for (auto& name : ck.names) {
       std::string short_name = name.substr(kWrap.size());

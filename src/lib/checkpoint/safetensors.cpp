@@ -72,12 +72,15 @@ std::vector<SafetensorsEntry> parse_safetensors(const uint8_t* data, std::size_t
     // numel * element size must fit in the file, so check each step for overflow.
     uint64_t numel = 1;
     for (const auto& d : *shape) {
-      if (!d.is_number_unsigned()) fail(str(where, " has a shape entry ", d.dump(), " that is not a non-negative integer"));
+      if (!d.is_number_unsigned())
+        fail(str(where, " has a shape entry ", d.dump(), " that is not a non-negative integer"));
       uint64_t v = d.get<uint64_t>();
       if (v > static_cast<uint64_t>(INT64_MAX)) fail(str(where, " has an absurd shape entry ", v));
       e.shape.push_back(static_cast<int64_t>(v));
-      if (v != 0 && numel > data_size / v) numel = data_size + 1;  // certainly too big; reported below
-      else numel *= v;
+      if (v != 0 && numel > data_size / v)
+        numel = data_size + 1;  // certainly too big; reported below
+      else
+        numel *= v;
     }
     const auto offs = info.find("data_offsets");
     if (offs == info.end() || !offs->is_array() || offs->size() != 2 || !(*offs)[0].is_number_unsigned() ||

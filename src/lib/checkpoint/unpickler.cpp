@@ -19,20 +19,33 @@ const Value* Value::get(std::string_view key) const {
 std::string describe(const Value& v) {
   using K = Value::Kind;
   switch (v.kind) {
-    case K::None: return "None";
-    case K::Bool: return "a bool";
+    case K::None:
+      return "None";
+    case K::Bool:
+      return "a bool";
     case K::Int:
-    case K::BigInt: return "an int";
-    case K::Float: return "a float";
-    case K::Str: return "a str";
-    case K::Bytes: return "bytes";
-    case K::Tuple: return str("a tuple of ", v.items.size());
-    case K::List: return str("a list of ", v.items.size());
-    case K::Set: return str("a set of ", v.items.size());
-    case K::Global: return "the global " + v.s;
-    case K::Storage: return "a storage";
-    case K::Tensor: return "a tensor";
-    case K::Object: return "an object of class " + v.s;
+    case K::BigInt:
+      return "an int";
+    case K::Float:
+      return "a float";
+    case K::Str:
+      return "a str";
+    case K::Bytes:
+      return "bytes";
+    case K::Tuple:
+      return str("a tuple of ", v.items.size());
+    case K::List:
+      return str("a list of ", v.items.size());
+    case K::Set:
+      return str("a set of ", v.items.size());
+    case K::Global:
+      return "the global " + v.s;
+    case K::Storage:
+      return "a storage";
+    case K::Tensor:
+      return "a tensor";
+    case K::Object:
+      return "an object of class " + v.s;
     case K::Dict: {
       std::string out = str(v.b ? "an OrderedDict" : "a dict", " with ", v.entries.size(), " entries");
       if (v.entries.empty()) return out;
@@ -59,14 +72,22 @@ using Kind = Value::Kind;
 // Opcode names for messages; the index is the opcode byte.
 const char* opcode_name(uint8_t op) {
   switch (op) {
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 'P': return "PERSID";
-    case 0x92: return "NEWOBJ_EX";
-    case 0x97: return "NEXT_BUFFER";
-    case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
+    case 0x82:
+      return "EXT1";
+    case 0x83:
+      return "EXT2";
+    case 0x84:
+      return "EXT4";
+    case 'P':
+      return "PERSID";
+    case 0x92:
+      return "NEWOBJ_EX";
+    case 0x97:
+      return "NEXT_BUFFER";
+    case 0x98:
+      return "READONLY_BUFFER";
+    default:
+      return nullptr;
   }
 }
 
@@ -74,14 +95,19 @@ const char* opcode_name(uint8_t op) {
 // GPU name torch.cuda.*Storage; the data is the same.
 bool storage_dtype(std::string name, DType& out) {
   if (name.rfind("torch.cuda.", 0) == 0) name = "torch." + name.substr(11);
-  static const std::pair<const char*, DType> table[] = {
-      {"torch.FloatStorage", DType::Float32},   {"torch.DoubleStorage", DType::Float64},
-      {"torch.HalfStorage", DType::Float16},    {"torch.BFloat16Storage", DType::BFloat16},
-      {"torch.LongStorage", DType::Int64},      {"torch.IntStorage", DType::Int32},
-      {"torch.ShortStorage", DType::Int16},     {"torch.CharStorage", DType::Int8},
-      {"torch.ByteStorage", DType::UInt8},      {"torch.BoolStorage", DType::Bool},
-      {"torch.UntypedStorage", DType::UInt8},   {"torch.storage.UntypedStorage", DType::UInt8},
-      {"torch.storage._UntypedStorage", DType::UInt8}};
+  static const std::pair<const char*, DType> table[] = {{"torch.FloatStorage", DType::Float32},
+                                                        {"torch.DoubleStorage", DType::Float64},
+                                                        {"torch.HalfStorage", DType::Float16},
+                                                        {"torch.BFloat16Storage", DType::BFloat16},
+                                                        {"torch.LongStorage", DType::Int64},
+                                                        {"torch.IntStorage", DType::Int32},
+                                                        {"torch.ShortStorage", DType::Int16},
+                                                        {"torch.CharStorage", DType::Int8},
+                                                        {"torch.ByteStorage", DType::UInt8},
+                                                        {"torch.BoolStorage", DType::Bool},
+                                                        {"torch.UntypedStorage", DType::UInt8},
+                                                        {"torch.storage.UntypedStorage", DType::UInt8},
+                                                        {"torch.storage._UntypedStorage", DType::UInt8}};
   for (const auto& [n, t] : table)
     if (name == n) {
       out = t;
@@ -92,11 +118,11 @@ bool storage_dtype(std::string name, DType& out) {
 
 bool dtype_global(const std::string& name, DType& out) {
   static const std::pair<const char*, DType> table[] = {
-      {"torch.float32", DType::Float32}, {"torch.float", DType::Float32},   {"torch.float64", DType::Float64},
-      {"torch.double", DType::Float64},  {"torch.float16", DType::Float16}, {"torch.half", DType::Float16},
-      {"torch.bfloat16", DType::BFloat16}, {"torch.int64", DType::Int64},   {"torch.long", DType::Int64},
-      {"torch.int32", DType::Int32},     {"torch.int", DType::Int32},       {"torch.int16", DType::Int16},
-      {"torch.short", DType::Int16},     {"torch.int8", DType::Int8},       {"torch.uint8", DType::UInt8},
+      {"torch.float32", DType::Float32},   {"torch.float", DType::Float32},   {"torch.float64", DType::Float64},
+      {"torch.double", DType::Float64},    {"torch.float16", DType::Float16}, {"torch.half", DType::Float16},
+      {"torch.bfloat16", DType::BFloat16}, {"torch.int64", DType::Int64},     {"torch.long", DType::Int64},
+      {"torch.int32", DType::Int32},       {"torch.int", DType::Int32},       {"torch.int16", DType::Int16},
+      {"torch.short", DType::Int16},       {"torch.int8", DType::Int8},       {"torch.uint8", DType::UInt8},
       {"torch.bool", DType::Bool}};
   for (const auto& [n, t] : table)
     if (name == n) {
@@ -139,9 +165,7 @@ class Machine {
   void run();
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(str(ctx_, ": ", what, " at byte ", op_pos_));
-  }
+  [[noreturn]] void fail(const std::string& what) const { throw Error(str(ctx_, ": ", what, " at byte ", op_pos_)); }
 
   Value* make(Kind k) {
     out_.arena.push_back(std::make_unique<Value>());
@@ -231,16 +255,23 @@ class Machine {
   static std::string key_of(const Value* k, int& budget) {
     if (--budget < 0) return str("p", static_cast<const void*>(k));
     switch (k->kind) {
-      case Kind::None: return "N";
-      case Kind::Bool: return "i" + std::to_string(k->b ? 1 : 0);
-      case Kind::Int: return "i" + std::to_string(k->i);
+      case Kind::None:
+        return "N";
+      case Kind::Bool:
+        return "i" + std::to_string(k->b ? 1 : 0);
+      case Kind::Int:
+        return "i" + std::to_string(k->i);
       case Kind::Float:
         if (std::floor(k->f) == k->f && std::fabs(k->f) < 9e18) return "i" + std::to_string(int64_t(k->f));
         return str("f", k->f);
-      case Kind::BigInt: return "I" + k->s;
-      case Kind::Str: return str("s", k->s.size(), ":", k->s);
-      case Kind::Bytes: return str("y", k->s.size(), ":", k->s);
-      case Kind::Global: return "g" + k->s;
+      case Kind::BigInt:
+        return "I" + k->s;
+      case Kind::Str:
+        return str("s", k->s.size(), ":", k->s);
+      case Kind::Bytes:
+        return str("y", k->s.size(), ":", k->s);
+      case Kind::Global:
+        return "g" + k->s;
       case Kind::Tuple: {
         std::string out = "t(";
         for (const Value* x : k->items) {
@@ -250,7 +281,8 @@ class Machine {
         if (budget >= 0) return out + ")";
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return str("p", static_cast<const void*>(k));
   }
@@ -413,8 +445,7 @@ Value* Machine::call(const std::string& fn, std::vector<Value*> args, int depth)
 
 Value* Machine::persistent_load(Value* pid) {
   // torch.save: ('storage', storage_type, key, location, numel)
-  if (pid->kind != Kind::Tuple || pid->items.size() < 5 || !pid->items[0]->is_str() ||
-      pid->items[0]->s != "storage")
+  if (pid->kind != Kind::Tuple || pid->items.size() < 5 || !pid->items[0]->is_str() || pid->items[0]->s != "storage")
     fail(str("unsupported persistent id ", describe(*pid), " (expected ('storage', type, key, location, numel))"));
   const auto& it = pid->items;
   if (it[1]->kind != Kind::Global) fail(str("persistent id storage type is ", describe(*it[1])));
@@ -448,8 +479,7 @@ Value* Machine::persistent_load(Value* pid) {
 void Machine::build(Value* target, Value* state) {
   // BUILD sets attributes; inert objects just remember them. For dicts
   // (OrderedDict._metadata of state dicts) the state is not an item.
-  if (target->kind == Kind::Object && target->state && target->state->kind == Kind::Dict &&
-      state->kind == Kind::Dict) {
+  if (target->kind == Kind::Object && target->state && target->state->kind == Kind::Dict && state->kind == Kind::Dict) {
     for (auto& [k, v] : state->entries) set_item(target->state, k, v);
     return;
   }
@@ -477,7 +507,9 @@ void Machine::run() {
         return;
       }
       // --- numbers and constants ---
-      case 'N': push(make(Kind::None)); break;
+      case 'N':
+        push(make(Kind::None));
+        break;
       case 0x88:
       case 0x89: {  // NEWTRUE / NEWFALSE
         Value* v = make(Kind::Bool);
@@ -485,11 +517,17 @@ void Machine::run() {
         push(v);
         break;
       }
-      case 'K': push(make_int(static_cast<int64_t>(read_le(1)))); break;  // BININT1
-      case 'M': push(make_int(static_cast<int64_t>(read_le(2)))); break;  // BININT2
-      case 'J': push(make_int(static_cast<int32_t>(read_le(4)))); break;  // BININT
-      case 0x8a:                                                          // LONG1
-      case 0x8b: {                                                        // LONG4
+      case 'K':
+        push(make_int(static_cast<int64_t>(read_le(1))));
+        break;  // BININT1
+      case 'M':
+        push(make_int(static_cast<int64_t>(read_le(2))));
+        break;  // BININT2
+      case 'J':
+        push(make_int(static_cast<int32_t>(read_le(4))));
+        break;      // BININT
+      case 0x8a:    // LONG1
+      case 0x8b: {  // LONG4
         uint64_t n = read_le(op == 0x8a ? 1 : 4);
         if (op == 0x8b && n > 0x7fffffff) fail("LONG4 has a negative length");
         const uint8_t* p = take(n);
@@ -551,15 +589,31 @@ void Machine::run() {
         break;
       }
       // --- strings ---
-      case 'X': push(make_str(Kind::Str, read_bytes(read_le(4)))); break;     // BINUNICODE
-      case 0x8c: push(make_str(Kind::Str, read_bytes(read_le(1)))); break;    // SHORT_BINUNICODE
-      case 0x8d: push(make_str(Kind::Str, read_bytes(read_le(8)))); break;    // BINUNICODE8
-      case 'T': push(make_str(Kind::Str, read_bytes(read_le(4)))); break;     // BINSTRING
-      case 'U': push(make_str(Kind::Str, read_bytes(read_le(1)))); break;     // SHORT_BINSTRING
-      case 'B': push(make_str(Kind::Bytes, read_bytes(read_le(4)))); break;   // BINBYTES
-      case 'C': push(make_str(Kind::Bytes, read_bytes(read_le(1)))); break;   // SHORT_BINBYTES
-      case 0x8e:                                                              // BINBYTES8
-      case 0x96: push(make_str(Kind::Bytes, read_bytes(read_le(8)))); break;  // BYTEARRAY8
+      case 'X':
+        push(make_str(Kind::Str, read_bytes(read_le(4))));
+        break;  // BINUNICODE
+      case 0x8c:
+        push(make_str(Kind::Str, read_bytes(read_le(1))));
+        break;  // SHORT_BINUNICODE
+      case 0x8d:
+        push(make_str(Kind::Str, read_bytes(read_le(8))));
+        break;  // BINUNICODE8
+      case 'T':
+        push(make_str(Kind::Str, read_bytes(read_le(4))));
+        break;  // BINSTRING
+      case 'U':
+        push(make_str(Kind::Str, read_bytes(read_le(1))));
+        break;  // SHORT_BINSTRING
+      case 'B':
+        push(make_str(Kind::Bytes, read_bytes(read_le(4))));
+        break;  // BINBYTES
+      case 'C':
+        push(make_str(Kind::Bytes, read_bytes(read_le(1))));
+        break;    // SHORT_BINBYTES
+      case 0x8e:  // BINBYTES8
+      case 0x96:
+        push(make_str(Kind::Bytes, read_bytes(read_le(8))));
+        break;     // BYTEARRAY8
       case 'S': {  // STRING: a quoted Python 2 str repr
         std::string s = read_line();
         if (s.size() < 2 || (s[0] != '\'' && s[0] != '"') || s.back() != s[0]) fail("malformed STRING argument");
@@ -572,19 +626,32 @@ void Machine::run() {
           }
           if (++k + 1 >= s.size()) fail("malformed escape in STRING argument");
           switch (s[k]) {
-            case 'n': out += '\n'; break;
-            case 't': out += '\t'; break;
-            case 'r': out += '\r'; break;
-            case '\\': out += '\\'; break;
-            case '\'': out += '\''; break;
-            case '"': out += '"'; break;
+            case 'n':
+              out += '\n';
+              break;
+            case 't':
+              out += '\t';
+              break;
+            case 'r':
+              out += '\r';
+              break;
+            case '\\':
+              out += '\\';
+              break;
+            case '\'':
+              out += '\'';
+              break;
+            case '"':
+              out += '"';
+              break;
             case 'x': {
               if (k + 3 >= s.size()) fail("malformed escape in STRING argument");
               out += static_cast<char>(std::strtol(s.substr(k + 1, 2).c_str(), nullptr, 16));
               k += 2;
               break;
             }
-            default: fail("unsupported escape in STRING argument");
+            default:
+              fail("unsupported escape in STRING argument");
           }
         }
         push(make_str(Kind::Str, out));
@@ -606,16 +673,24 @@ void Machine::run() {
         break;
       }
       // --- containers ---
-      case '(': marks_.push_back(stack_.size()); break;  // MARK
-      case '0':                                          // POP (a bare MARK is popped too)
+      case '(':
+        marks_.push_back(stack_.size());
+        break;   // MARK
+      case '0':  // POP (a bare MARK is popped too)
         if (!marks_.empty() && stack_.size() == marks_.back())
           marks_.pop_back();
         else
           pop();
         break;
-      case '1': pop_mark(); break;  // POP_MARK
-      case '2': push(top()); break;  // DUP
-      case ')': push(make(Kind::Tuple)); break;  // EMPTY_TUPLE
+      case '1':
+        pop_mark();
+        break;  // POP_MARK
+      case '2':
+        push(top());
+        break;  // DUP
+      case ')':
+        push(make(Kind::Tuple));
+        break;  // EMPTY_TUPLE
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1..3
@@ -632,8 +707,10 @@ void Machine::run() {
         push(t);
         break;
       }
-      case ']': push(make(Kind::List)); break;  // EMPTY_LIST
-      case 'l': {                               // LIST
+      case ']':
+        push(make(Kind::List));
+        break;     // EMPTY_LIST
+      case 'l': {  // LIST
         Value* l = make(Kind::List);
         l->items = pop_mark();
         push(l);
@@ -677,8 +754,10 @@ void Machine::run() {
         for (std::size_t k = 0; k < kv.size(); k += 2) set_item(d, kv[k], kv[k + 1]);
         break;
       }
-      case 0x8f: push(make(Kind::Set)); break;  // EMPTY_SET
-      case 0x90: {                              // ADDITEMS
+      case 0x8f:
+        push(make(Kind::Set));
+        break;      // EMPTY_SET
+      case 0x90: {  // ADDITEMS
         std::vector<Value*> items = pop_mark();
         Value* s = top();
         if (s->kind != Kind::Set && s->kind != Kind::Object)
@@ -694,10 +773,16 @@ void Machine::run() {
         break;
       }
       // --- memo ---
-      case 'q': memo_[read_le(1)] = top(); break;          // BINPUT
-      case 'r': memo_[read_le(4)] = top(); break;          // LONG_BINPUT
-      case 'p': memo_[parse_index(read_line())] = top(); break;  // PUT
-      case 0x94: {                                         // MEMOIZE
+      case 'q':
+        memo_[read_le(1)] = top();
+        break;  // BINPUT
+      case 'r':
+        memo_[read_le(4)] = top();
+        break;  // LONG_BINPUT
+      case 'p':
+        memo_[parse_index(read_line())] = top();
+        break;      // PUT
+      case 0x94: {  // MEMOIZE
         Value* v = top();
         memo_[memo_.size()] = v;
         break;

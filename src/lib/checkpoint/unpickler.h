@@ -36,20 +36,36 @@ struct TensorRef {
 };
 
 struct Value {
-  enum class Kind { None, Bool, Int, BigInt, Float, Str, Bytes, Tuple, List, Dict, Set, Global, Object, Storage, Tensor };
+  enum class Kind {
+    None,
+    Bool,
+    Int,
+    BigInt,
+    Float,
+    Str,
+    Bytes,
+    Tuple,
+    List,
+    Dict,
+    Set,
+    Global,
+    Object,
+    Storage,
+    Tensor
+  };
   Kind kind = Kind::None;
-  bool b = false;        // Bool; for Dict: it is an OrderedDict; for Set: frozen
-  int64_t i = 0;         // Int; Storage: element count
-  double f = 0;          // Float
-  std::string s;         // Str/Bytes; BigInt: its decimal or hex text; Global/Object: "module.name";
-                         // Storage: record key
+  bool b = false;              // Bool; for Dict: it is an OrderedDict; for Set: frozen
+  int64_t i = 0;               // Int; Storage: element count
+  double f = 0;                // Float
+  std::string s;               // Str/Bytes; BigInt: its decimal or hex text; Global/Object: "module.name";
+                               // Storage: record key
   DType dtype = DType::UInt8;  // Storage
-  std::string location;  // Storage: e.g. "cpu", "cuda:0"
-  std::vector<Value*> items;                        // Tuple/List/Set; Object: constructor args
-  std::vector<std::pair<Value*, Value*>> entries;   // Dict, in insertion order
+  std::string location;        // Storage: e.g. "cpu", "cuda:0"
+  std::vector<Value*> items;   // Tuple/List/Set; Object: constructor args
+  std::vector<std::pair<Value*, Value*>> entries;      // Dict, in insertion order
   std::unordered_map<std::string, std::size_t> index;  // Dict: hashable key -> entries position
-  Value* state = nullptr;                           // Object/Dict: the BUILD state
-  std::unique_ptr<TensorRef> tensor;                // Tensor
+  Value* state = nullptr;                              // Object/Dict: the BUILD state
+  std::unique_ptr<TensorRef> tensor;                   // Tensor
 
   // The value stored under string key `key` of a Dict, or nullptr.
   const Value* get(std::string_view key) const;

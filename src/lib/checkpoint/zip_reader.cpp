@@ -21,8 +21,7 @@ MappedFile::MappedFile(const std::string& path) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     int err = errno;
     ::close(fd);
-    ASAP_CHECK(false, "cannot read checkpoint '", path, "': ",
-               err ? std::strerror(err) : "not a regular file");
+    ASAP_CHECK(false, "cannot read checkpoint '", path, "': ", err ? std::strerror(err) : "not a regular file");
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {
@@ -52,7 +51,9 @@ constexpr std::size_t kEndSize = 22, kCentralSize = 46, kLocalSize = 30;
 constexpr std::size_t kZip64EndSize = 56, kZip64LocatorSize = 20;
 
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
-uint32_t le32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+uint32_t le32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
 uint64_t le64(const uint8_t* p) { return uint64_t(le32(p)) | uint64_t(le32(p + 4)) << 32; }
 
 // Slicing-by-8 tables: records can be hundreds of MB, a byte-at-a-time CRC is slow.
@@ -78,8 +79,8 @@ uint32_t crc32(const void* data, std::size_t size, uint32_t crc) {
   crc = ~crc;
   for (; size >= 8; p += 8, size -= 8) {
     uint32_t lo = le32(p) ^ crc, hi = le32(p + 4);
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
+          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
   }
   for (; size > 0; ++p, --size) crc = t[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
   return ~crc;
@@ -96,8 +97,7 @@ void ZipReader::parse() {
   // The end-of-central-directory record sits in the last 22 + 65535 bytes
   // (its comment can be up to 64 KiB). Prefer a record whose comment ends
   // exactly at the end of the file; a match inside data would not.
-  if (size_ < kEndSize)
-    fail(str("not a complete zip archive (only ", size_, " bytes; the file is truncated)"));
+  if (size_ < kEndSize) fail(str("not a complete zip archive (only ", size_, " bytes; the file is truncated)"));
   std::size_t lowest = size_ - kEndSize > 65535 ? size_ - kEndSize - 65535 : 0;
   std::size_t end = SIZE_MAX, loose = SIZE_MAX;
   for (std::size_t p = size_ - kEndSize + 1; p-- > lowest;) {
@@ -129,8 +129,7 @@ void ZipReader::parse() {
     // twin (torch writes both); a mismatch means the file was damaged.
     auto merge = [&](uint64_t& classic, uint64_t placeholder, uint64_t wide, const char* what) {
       if (classic != placeholder && classic != wide)
-        fail(str("zip end records disagree about the ", what, " (", classic, " vs ", wide,
-                 "); the file is corrupt"));
+        fail(str("zip end records disagree about the ", what, " (", classic, " vs ", wide, "); the file is corrupt"));
       classic = wide;
     };
     disk = le32(z + 16);
@@ -143,8 +142,8 @@ void ZipReader::parse() {
   }
   if (disk != 0 || cd_disk != 0) fail("multi-part (spanned) zip archives are not supported");
   if (cd_offset > size_ || cd_size > size_ - cd_offset)
-    fail(str("zip central directory (", cd_size, " bytes at byte ", cd_offset,
-             ") lies beyond the end of the ", size_, "-byte file; the file is truncated or corrupt"));
+    fail(str("zip central directory (", cd_size, " bytes at byte ", cd_offset, ") lies beyond the end of the ", size_,
+             "-byte file; the file is truncated or corrupt"));
   if (count > cd_size / kCentralSize)
     fail(str("zip central directory claims ", count, " entries but has room for only ", cd_size / kCentralSize));
 
@@ -193,8 +192,7 @@ void ZipReader::parse() {
     // The local header repeats name and extra field, possibly with other
     // lengths; the data starts after the local copy.
     if (local > size_ || size_ - local < kLocalSize || le32(data_ + local) != kLocalSig)
-      fail(str("zip entry '", z.name, "' has no local header at byte ", local,
-               "; the file is truncated or corrupt"));
+      fail(str("zip entry '", z.name, "' has no local header at byte ", local, "; the file is truncated or corrupt"));
     uint64_t data_offset = local + kLocalSize + le16(data_ + local + 26) + le16(data_ + local + 28);
     if (data_offset > size_ || z.stored_size > size_ - data_offset)
       fail(str("zip entry '", z.name, "' (", z.stored_size, " bytes at byte ", data_offset,

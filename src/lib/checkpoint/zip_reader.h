@@ -32,12 +32,12 @@ class MappedFile {
 
 struct ZipEntry {
   std::string name;
-  uint16_t method = 0;      // 0 = stored, 8 = deflate, ...
-  uint16_t flags = 0;       // general purpose bit flags
+  uint16_t method = 0;  // 0 = stored, 8 = deflate, ...
+  uint16_t flags = 0;   // general purpose bit flags
   uint32_t crc32 = 0;
-  uint64_t size = 0;        // uncompressed size
-  uint64_t stored_size = 0; // compressed size (== size when stored)
-  uint64_t data_offset = 0; // first data byte, after the local header
+  uint64_t size = 0;         // uncompressed size
+  uint64_t stored_size = 0;  // compressed size (== size when stored)
+  uint64_t data_offset = 0;  // first data byte, after the local header
 };
 
 class ZipReader {

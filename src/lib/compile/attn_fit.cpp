@@ -39,10 +39,9 @@ at::Tensor col_closure_lse(const AttnBatch& b, const at::Tensor& u, at::Tensor* 
 }  // namespace
 
 int64_t AttnBatch::bytes() const {
-  return static_cast<int64_t>((Psi.numel() + alpha.numel() + S.numel() + log_a.numel() + log_b.numel() +
-                               Pstar.numel() + D.numel()) *
-                                  8 +
-                              row_active.numel());
+  return static_cast<int64_t>(
+      (Psi.numel() + alpha.numel() + S.numel() + log_a.numel() + log_b.numel() + Pstar.numel() + D.numel()) * 8 +
+      row_active.numel());
 }
 
 AttnBatch make_attn_batch(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& mask, const at::Tensor& Psi,
@@ -79,7 +78,8 @@ double attn_loss(const AttnBatch& b, const at::Tensor& coef, double eps, int k, 
              "attention refit: coefficients ", coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
   const auto c = coef.to(at::kDouble).view({1, coef.size(0), 1, P});
   auto phi = (b.Psi * c).sum(-1);  // [B, H, n]
-  std::vector<at::Tensor> us(static_cast<size_t>(k) + 1), vs(static_cast<size_t>(k) + 1), Ls(static_cast<size_t>(k) + 1);
+  std::vector<at::Tensor> us(static_cast<size_t>(k) + 1), vs(static_cast<size_t>(k) + 1),
+      Ls(static_cast<size_t>(k) + 1);
   us[0] = at::where(b.row_active, phi / eps - b.alpha, at::full({}, -kInf, phi.options()));
   for (int t = 1; t <= k; ++t) {
     if (t % 2 == 1)
@@ -224,7 +224,6 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
             {"history", history}};
   return {best, diag};
 }
-
 
 AttnFit fit_attention(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                       const FeatureFamily& family, const at::Tensor& coef_ls, int closures,

@@ -20,14 +20,14 @@ struct Shards;
 
 // What the objective needs of a batch, float64, score coordinates (S' = S / eps).
 struct AttnBatch {
-  at::Tensor Psi;        // [B, H, n, P] features of the fitted family
-  at::Tensor alpha;      // [B, H, n] query cost offsets alpha_i / eps
-  at::Tensor S;          // [B, H, n, n] S' with -inf on query rows without mass
-  at::Tensor log_a;      // [B, 1, n] (-inf on rows without mass)
-  at::Tensor log_b;      // [B, 1, n] (-inf on padded keys)
-  at::Tensor row_active; // [B, 1, n] bool
-  at::Tensor Pstar;      // [B, H, n, n] the teacher's plan after T half-steps
-  at::Tensor D;          // [B, H] sum of Pstar^2
+  at::Tensor Psi;         // [B, H, n, P] features of the fitted family
+  at::Tensor alpha;       // [B, H, n] query cost offsets alpha_i / eps
+  at::Tensor S;           // [B, H, n, n] S' with -inf on query rows without mass
+  at::Tensor log_a;       // [B, 1, n] (-inf on rows without mass)
+  at::Tensor log_b;       // [B, 1, n] (-inf on padded keys)
+  at::Tensor row_active;  // [B, 1, n] bool
+  at::Tensor Pstar;       // [B, H, n, n] the teacher's plan after T half-steps
+  at::Tensor D;           // [B, H] sum of Pstar^2
   int64_t bytes() const;
 };
 
@@ -43,8 +43,8 @@ double attn_loss(const AttnBatch& b, const at::Tensor& coef, double eps, int k, 
 using AttnSource = std::function<void(const std::function<void(const AttnBatch&)>&)>;
 
 struct AttnFitOptions {
-  int max_iters = 60;       // L-BFGS iterations
-  int check_every = 5;      // held-out objective every this many iterations; the best is kept
+  int max_iters = 60;   // L-BFGS iterations
+  int check_every = 5;  // held-out objective every this many iterations; the best is kept
   double cache_mb = 512;
   int64_t batch_size = 16;
   int64_t min_heldout = 8;

@@ -19,8 +19,7 @@ namespace asap {
 inline at::Tensor split_features(const HeadBatch& hb, const LayerSpec& s, const at::Tensor& theta,
                                  const FeatureFamily& family) {
   const auto c = convention_of(s);
-  auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(),
-                         hb.q.device());
+  auto m = log_marginals(hb.mask, hb.q.size(0), hb.q.size(2), c.drop_padded_queries, hb.q.scalar_type(), hb.q.device());
   return build_features(hb.q, hb.k, m, theta, family, s.score_scale, s.eps);
 }
 
@@ -40,8 +39,9 @@ class CachedSplit {
     bool keep = true;
     std::vector<Batch> fresh;
     for (size_t i = 0; i < idx_.size(); i += static_cast<size_t>(batch_)) {
-      std::vector<int64_t> part(idx_.begin() + static_cast<std::ptrdiff_t>(i),
-                                idx_.begin() + static_cast<std::ptrdiff_t>(std::min(idx_.size(), i + static_cast<size_t>(batch_))));
+      std::vector<int64_t> part(
+          idx_.begin() + static_cast<std::ptrdiff_t>(i),
+          idx_.begin() + static_cast<std::ptrdiff_t>(std::min(idx_.size(), i + static_cast<size_t>(batch_))));
       Batch b = build_(st_.read_indices(part));
       fn(b);
       bytes += b.bytes();

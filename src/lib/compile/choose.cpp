@@ -100,8 +100,12 @@ int best_sinkhorn_within(const std::vector<OperatorCandidate>& c, double lat) {
 json Choice::to_json(const std::vector<OperatorCandidate>& c) const {
   json table = json::array();
   for (const auto& x : c) {
-    json row{{"operator", x.name},       {"key", x.op.key()},       {"kind", operator_kind_name(x.op.kind)},
-             {"lse_passes", x.op.lse_passes()}, {"heldout_attention_error", x.error}, {"selectable", x.selectable}};
+    json row{{"operator", x.name},
+             {"key", x.op.key()},
+             {"kind", operator_kind_name(x.op.kind)},
+             {"lse_passes", x.op.lse_passes()},
+             {"heldout_attention_error", x.error},
+             {"selectable", x.selectable}};
     if (x.latency > 0) {
       row["latency_s"] = x.latency;
       row["speedup"] = teacher_latency / x.latency;
@@ -110,13 +114,17 @@ json Choice::to_json(const std::vector<OperatorCandidate>& c) const {
     }
     table.push_back(row);
   }
-  return json{{"decision", decision}, {"target_met", target_met}, {"teacher_latency_s", teacher_latency},
-              {"latency_calls", latency_calls}, {"operators", table}};
+  return json{{"decision", decision},
+              {"target_met", target_met},
+              {"teacher_latency_s", teacher_latency},
+              {"latency_calls", latency_calls},
+              {"operators", table}};
 }
 
 Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, const ChoiceOptions& o,
                        LatencyModel& model) {
-  ASAP_CHECK(!c.empty() && c[0].op.kind == OperatorKind::kTeacher, "choose_operator: the first candidate must be the teacher");
+  ASAP_CHECK(!c.empty() && c[0].op.kind == OperatorKind::kTeacher,
+             "choose_operator: the first candidate must be the teacher");
   Timer timer(c, s, model);
   Choice ch;
   // 1. The teacher and every Sinkhorn budget: the speed reference.
@@ -187,9 +195,10 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
       for (int i : order)
         if (fastest < 0 || c[static_cast<size_t>(i)].latency < c[static_cast<size_t>(fastest)].latency) fastest = i;
       const auto& f = c[static_cast<size_t>(fastest)];
-      throw Error(str("layer '", s.name, "': no ASAP map reaches ", need, " the teacher's speed (--min-speedup), nor is "
-                      "any faster than the teacher (the fastest, ", f.name, ", runs at ", times(t0 / f.latency), "), and ",
-                      no_zero));
+      throw Error(str("layer '", s.name, "': no ASAP map reaches ", need,
+                      " the teacher's speed (--min-speedup), nor is "
+                      "any faster than the teacher (the fastest, ",
+                      f.name, ", runs at ", times(t0 / f.latency), "), and ", no_zero));
     }
     if (ch.index < 0) ch.index = order[0];  // nothing is faster than the teacher: the most accurate (the teacher)
     if (c[static_cast<size_t>(ch.index)].latency < 0) timer.time({ch.index});
@@ -209,16 +218,16 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
     }
     for (int i : ok) {
       const double li = c[static_cast<size_t>(i)].latency;
-      if (ch.index < 0 || (li < c[static_cast<size_t>(ch.index)].latency &&
-                           !close_to(li, c[static_cast<size_t>(ch.index)].latency)))
+      if (ch.index < 0 ||
+          (li < c[static_cast<size_t>(ch.index)].latency && !close_to(li, c[static_cast<size_t>(ch.index)].latency)))
         ch.index = i;
     }
     ch.target_met = ch.index >= 0;
     if (ch.index < 0) {  // nothing within the bound: only possible without the teacher (error 0)
       const auto& best = c[static_cast<size_t>(order[0])];
       ASAP_CHECK(!o.parametric_only, "layer '", s.name, "': no ASAP map reaches held-out attention error ",
-                 fmt(o.max_error), " (--max-error; the most accurate, ", best.name, ", has ", fmt(best.error), "), and ",
-                 no_zero);
+                 fmt(o.max_error), " (--max-error; the most accurate, ", best.name, ", has ", fmt(best.error),
+                 "), and ", no_zero);
       ch.index = order[0];
       timer.time({ch.index});
     }
@@ -256,7 +265,8 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
         if (x.op.kind == OperatorKind::kAsap && x.latency > 0 && x.latency <= t0 / o.min_speedup)
           best_asap = std::min(best_asap, x.error);
       d += std::isfinite(best_asap)
-               ? " -- plain Sinkhorn beats every ASAP map at " + need + " (best ASAP error there: " + fmt(best_asap) + ")"
+               ? " -- plain Sinkhorn beats every ASAP map at " + need + " (best ASAP error there: " + fmt(best_asap) +
+                     ")"
                : " -- no ASAP map runs at " + need + " the teacher's speed on this machine and shape";
     } else if (w.op.kind == OperatorKind::kTeacher) {
       d += " -- nothing else is fast enough";
@@ -265,7 +275,8 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
     d += ch.target_met ? " -- the fastest operator within attention error " + fmt(o.max_error)
                        : " -- no operator reaches attention error " + fmt(o.max_error) + "; this is the most accurate";
   } else {
-    d += " -- the most accurate ASAP map within " + std::to_string(o.pass_budget) + " log-sum-exp passes (--objective fidelity)";
+    d += " -- the most accurate ASAP map within " + std::to_string(o.pass_budget) +
+         " log-sum-exp passes (--objective fidelity)";
   }
   ch.decision = d;
   return ch;

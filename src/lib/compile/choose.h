@@ -15,20 +15,20 @@ namespace compile_detail {
 
 struct OperatorCandidate {
   OperatorConfig op;
-  int fit = -1;             // kAsap: index of its fit; -1 otherwise
-  std::string name;         // for messages: "teacher", "sinkhorn T'=3", "slices+alpha/per-head@L16 k=1"
-  double error = 0;         // held-out attention relative error (teacher: 0)
-  bool selectable = true;   // false: reported and timed for reference, never chosen
-  double latency = -1;      // seconds per call at the deployment shape (-1: not measured)
+  int fit = -1;            // kAsap: index of its fit; -1 otherwise
+  std::string name;        // for messages: "teacher", "sinkhorn T'=3", "slices+alpha/per-head@L16 k=1"
+  double error = 0;        // held-out attention relative error (teacher: 0)
+  bool selectable = true;  // false: reported and timed for reference, never chosen
+  double latency = -1;     // seconds per call at the deployment shape (-1: not measured)
 };
 
 struct ChoiceOptions {
   Objective objective = Objective::kMinSpeedup;
   double min_speedup = 1.25;
   double max_error = -1;
-  int pass_budget = 0;      // kFidelity
-  int fixed_closures = 0;   // > 0: ASAP candidates only with this k
-  int chunk = 6;            // candidates timed per LatencyModel call (besides the teacher)
+  int pass_budget = 0;     // kFidelity
+  int fixed_closures = 0;  // > 0: ASAP candidates only with this k
+  int chunk = 6;           // candidates timed per LatencyModel call (besides the teacher)
   // --no-zero-parameter: only ASAP maps are selectable; when none meets the
   // objective's bar, the choice throws one sentence naming the bar instead
   // of storing a map that misses it (or the teacher).

@@ -20,18 +20,17 @@
 #include "asap/features.h"
 #include "asap/fit.h"
 #include "asap/runtime.h"
+#include "compile/attn_fit.h"
 #include "compile/choose.h"
 #include "compile/kl_fit.h"
-#include "compile/attn_fit.h"
 #include "compile/phases.h"
-#include "util/select.h"
 #include "io/layer_stream.h"
+#include "util/select.h"
 
 namespace asap {
 
 using nlohmann::json;
 using namespace compile_detail;
-
 
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(example) + 0x632BE59BD9B4E019ull;
@@ -44,9 +43,7 @@ bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 uint64_t name_hash(const std::string& s) {  // FNV-1a: a per-layer seed offset
   uint64_t h = 1469598103934665603ull;
@@ -81,8 +78,8 @@ struct Setup {
 };
 
 Setup validate_options(const CompileOptions& opt) {
-  ASAP_CHECK(opt.heldout_fraction >= 0 && opt.heldout_fraction < 1,
-             "--heldout-fraction must be in [0, 1), found ", opt.heldout_fraction);
+  ASAP_CHECK(opt.heldout_fraction >= 0 && opt.heldout_fraction < 1, "--heldout-fraction must be in [0, 1), found ",
+             opt.heldout_fraction);
   ASAP_CHECK(opt.batch_size >= 1, "--batch-size must be at least 1, found ", opt.batch_size);
   ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
              " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
@@ -96,8 +93,8 @@ Setup validate_options(const CompileOptions& opt) {
              opt.selection_examples);
   ASAP_CHECK(opt.deploy_batch >= 1, "--deploy-batch must be at least 1, found ", opt.deploy_batch);
   if (opt.objective == Objective::kMinSpeedup)
-    ASAP_CHECK(std::isfinite(opt.min_speedup) && opt.min_speedup > 0, "--min-speedup must be a finite number > 0, found ",
-               opt.min_speedup);
+    ASAP_CHECK(std::isfinite(opt.min_speedup) && opt.min_speedup > 0,
+               "--min-speedup must be a finite number > 0, found ", opt.min_speedup);
   if (opt.objective == Objective::kMaxError)
     ASAP_CHECK(std::isfinite(opt.max_error) && opt.max_error > 0, "--max-error must be a finite number > 0, found ",
                opt.max_error);
@@ -168,7 +165,7 @@ std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std
     x.op.steps = Tp;
     x.name = "sinkhorn T'=" + std::to_string(Tp);
     x.error = static_cast<size_t>(Tp - 1) < he.sinkhorn.size() ? he.sinkhorn[static_cast<size_t>(Tp - 1)]
-                                                                 : std::numeric_limits<double>::infinity();
+                                                               : std::numeric_limits<double>::infinity();
     x.selectable = opt.zero_parameter_operators;
     c.push_back(x);
   }
@@ -242,7 +239,8 @@ void refit_common(RefitOptions& o, const CompileOptions& opt, Communicator* comm
   o.usable = [&st](int64_t e) { return st.usable(e); };
 }
 
-void check_same_start(Communicator& comm, const Checkpoint& ck, const std::string& spec_path, const CompileOptions& opt) {
+void check_same_start(Communicator& comm, const Checkpoint& ck, const std::string& spec_path,
+                      const CompileOptions& opt) {
   std::ifstream in(spec_path, std::ios::binary);
   const std::string spec_bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const json mine{{"asapc version", ASAP_VERSION_STRING},
@@ -320,8 +318,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   art.teacher_sha256 = ck.sha256;
   art.teacher_file = ck.path.substr(ck.path.find_last_of('/') + 1);
   art.created_utc = utc_now();
-  result.summary = json{{"checkpoint", ckpt_path}, {"spec", spec_path}, {"calibration", calib_path},
-                        {"layers", json::array()}};
+  result.summary =
+      json{{"checkpoint", ckpt_path}, {"spec", spec_path}, {"calibration", calib_path}, {"layers", json::array()}};
 
   for (const LayerSpec* lp : layers) {
     const LayerSpec& s = *lp;
@@ -333,7 +331,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     stream.set_first_example(sh.readable_begin);
     const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
     if (s.T <= 3 && opt.warn)
-      opt.warn(str("layer '", s.name, "' has T = ", s.T, ": few operators can be both faster than the teacher and "
+      opt.warn(str("layer '", s.name, "' has T = ", s.T,
+                   ": few operators can be both faster than the teacher and "
                    "close to it"));
     FeatureFamily widest{opt.slice_bank, false, false};
     for (const auto& c : setup.candidates) {
@@ -348,14 +347,16 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     // 1. Statistics.
     Statistics st = gather_statistics(stream, sh, s, theta, widest, opt, matched_closures(s, opt), times);
     ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
-               "' left no training examples (", sh.total, " examples, held-out fraction ",
-               opt.heldout_fraction, ")");
+               "' left no training examples (", sh.total, " examples, held-out fraction ", opt.heldout_fraction, ")");
     if (!st.excluded.empty() && opt.warn) {
       std::string list;
-      for (size_t i = 0; i < st.excluded.size() && i < 10; ++i) list += (i ? ", " : "") + std::to_string(st.excluded[i]);
+      for (size_t i = 0; i < st.excluded.size() && i < 10; ++i)
+        list += (i ? ", " : "") + std::to_string(st.excluded[i]);
       if (st.excluded.size() > 10) list += ", ...";
-      opt.warn(str("layer '", s.name, "': excluded ", st.excluded.size(), " calibration example(s) whose attention "
-                   "scores overflow (--skip-bad-examples): ", list));
+      opt.warn(str("layer '", s.name, "': excluded ", st.excluded.size(),
+                   " calibration example(s) whose attention "
+                   "scores overflow (--skip-bad-examples): ",
+                   list));
     }
     const bool can_select = st.n_held >= opt.min_heldout;
     if (!can_select && opt.warn)
@@ -366,9 +367,12 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     auto t = Clock::now();
     FitTable ft = fit_candidates(st, widest, setup.candidates, setup.slice_counts, setup.grid, opt, can_select);
     if (!ft.nan_fits.empty() && opt.warn)
-      opt.warn(str("layer '", s.name, "': ", ft.nan_fits.size(), " candidate fit(s) have a NaN held-out dual error and "
-                   "are not considered, e.g. ", ft.nan_fits.front()));
-    ASAP_CHECK(!ft.fits.empty(), "layer '", s.name, "': every candidate fit has a NaN held-out error, so there is no "
+      opt.warn(str("layer '", s.name, "': ", ft.nan_fits.size(),
+                   " candidate fit(s) have a NaN held-out dual error and "
+                   "are not considered, e.g. ",
+                   ft.nan_fits.front()));
+    ASAP_CHECK(!ft.fits.empty(), "layer '", s.name,
+               "': every candidate fit has a NaN held-out error, so there is no "
                "map to choose (check the calibration data for extreme values)");
     times.solve = seconds_since(t);
 
@@ -376,8 +380,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     t = Clock::now();
     HeldoutErrors he;
     if (can_select)
-      he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits, closures_to_evaluate(ft.fits, s, opt, budget),
-                          opt);
+      he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits,
+                          closures_to_evaluate(ft.fits, s, opt, budget), opt);
     times.selection = seconds_since(t);
 
     // 4 + 5. Latency (lazily, inside the choice) and the choice.
@@ -385,8 +389,10 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     std::vector<std::string> dropped;
     std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt, dropped);
     if (!dropped.empty() && opt.warn)
-      opt.warn(str("layer '", s.name, "': ", dropped.size(), " candidate operator(s) have a NaN held-out attention error "
-                   "and are not considered, e.g. ", dropped.front()));
+      opt.warn(str("layer '", s.name, "': ", dropped.size(),
+                   " candidate operator(s) have a NaN held-out attention error "
+                   "and are not considered, e.g. ",
+                   dropped.front()));
     bool any_asap = false;
     for (const auto& c : cands) any_asap |= c.op.kind == OperatorKind::kAsap;
     Choice ch;
@@ -398,7 +404,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       for (int64_t e : st.held_idx)
         if (e >= sh.readable_begin && e < sh.readable_end) timed.push_back(e);
       if (timed.empty())
-        for (int64_t e = sh.readable_begin; e < sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
+        for (int64_t e = sh.readable_begin;
+             e < sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
           timed.push_back(e);
       const int rank_threads = at::get_num_threads();
       const bool switch_threads = opt.latency_threads > 0 && opt.latency_threads != rank_threads;
@@ -453,8 +460,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
     } else {  // no held-out data (or nothing within the budget): the documented default
       fit_index = default_fit(ft.fits);
       closures = ft.fits[fit_index].target_k > 0 ? ft.fits[fit_index].target_k
-                 : opt.closures > 0            ? opt.closures
-                                               : default_closures_within(s, ft.fits[fit_index].family, budget);
+                 : opt.closures > 0              ? opt.closures
+                                                 : default_closures_within(s, ft.fits[fit_index].family, budget);
       ch.decision = !can_select ? "too few held-out examples to choose: the documented default map"
                     : !any_asap ? "every ASAP candidate's held-out error is NaN, so none could be chosen on data: the "
                                   "documented default map"
@@ -470,8 +477,9 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       cl.default_closures = closures;
       auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
       if (opt.fit == "kl" && f.target_k > 0) {
-        kl_diag = json{{"skipped", "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
-                                   "coefficients"}};
+        kl_diag = json{{"skipped",
+                        "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
+                        "coefficients"}};
       } else if (opt.fit == "kl") {
         KlOptions ko;
         ko.ridge = opt.kl_ridge;
@@ -514,8 +522,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
       cl.default_closures = 1;
     }
 
-    json chosen{{"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()},
-                {"lse_passes", cl.lse_passes()}};
+    json chosen{
+        {"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()}, {"lse_passes", cl.lse_passes()}};
     if (cl.kind == OperatorKind::kAsap) {
       const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
       chosen["candidate"] = f.name();

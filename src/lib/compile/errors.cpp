@@ -36,8 +36,8 @@ double softmax_error_sum(const HeadBatch& b, const LayerSpec& s, const Conventio
 }  // namespace
 
 HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const std::vector<int64_t>& held_idx,
-                             std::vector<Fit>& fits, const std::vector<int>& k_eval, const CompileOptions& opt) {
+                             const FeatureFamily& widest, const std::vector<int64_t>& held_idx, std::vector<Fit>& fits,
+                             const std::vector<int>& k_eval, const CompileOptions& opt) {
   ASAP_CHECK(k_eval.size() == fits.size(), "heldout_errors: one k per fit expected");
   HeldoutErrors out;
   const Convention conv = convention_of(s);
@@ -57,19 +57,20 @@ HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const 
   FeatureFamily softmax_only;
   softmax_only.softmax_dual = true;
   for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(opt.batch_size)) {
-    std::vector<int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(i),
-                             mine.begin() + static_cast<std::ptrdiff_t>(
-                                                std::min(mine.size(), i + static_cast<size_t>(opt.batch_size))));
+    std::vector<int64_t> idx(
+        mine.begin() + static_cast<std::ptrdiff_t>(i),
+        mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), i + static_cast<size_t>(opt.batch_size))));
     auto b = stream.read_indices(idx);
     const int64_t B = b.q.size(0);
     if (kmax > 0) {
       auto Psi = fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, widest, s.score_scale, s.eps);
       std::vector<at::Tensor> phis;
-      for (const auto& f : fits) phis.push_back(predict_phi(Psi.index_select(3, at::tensor(f.cols, at::kLong)), f.coef));
+      for (const auto& f : fits)
+        phis.push_back(predict_phi(Psi.index_select(3, at::tensor(f.cols, at::kLong)), f.coef));
       if (k_sink >= 1)
-        phis.push_back(fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, softmax_only,
-                                            s.score_scale, s.eps)
-                           .select(3, 0));
+        phis.push_back(
+            fast::build_features(b.q, b.k, b.mask, conv.drop_padded_queries, theta, softmax_only, s.score_scale, s.eps)
+                .select(3, 0));
       // ||A - A*||_F / ||A*||_F per (candidate, k, example, head), no [B, H, n, n] tensor.
       auto err = fast::closure_errors(b.q, b.k, b.mask, s.score_scale, s.T, conv, at::stack(phis), kc)
                      .sum(at::IntArrayRef{2, 3});

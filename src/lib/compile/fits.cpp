@@ -57,67 +57,67 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
   for (const auto& m : st.matched)
     if (!m.train.empty()) targets.push_back({m.k, &m.train, &m.held});
   for (const auto& tg : targets)
-  for (const auto& cand : candidates) {
-    const LsStats& train = *tg.train;
-    const LsStats& held = *tg.held;
-    const bool reference = cand.features == "slices" && !cand.per_head;  // the paper's map
-    json table = json::array();
-    double best = std::numeric_limits<double>::infinity();
-    std::vector<int64_t> counts;
-    if (family_has_slices(cand.features)) {
-      for (int64_t L : slice_counts)
-        if (family_of(cand.features, L).num_columns() > 0) counts.push_back(L);
-    } else {
-      counts.push_back(0);
-    }
-    std::vector<Fit> kept;
-    for (int64_t L : counts) {
-      Fit f;
-      f.cand = cand;
-      f.family = family_of(cand.features, L);
-      f.cols = family_columns(widest, f.family);
-      f.reference_map = reference && tg.k == 0;
-      f.target_k = tg.k;
-      json row{{"slices", L}};
-      if (opt.ridge >= 0 || !can_select) {
-        f.lambda = opt.ridge >= 0 ? opt.ridge : 1e-3;
-        if (can_select) f.dual_mse = ls_mse(held, f.cols, solve_ls(train, f.cols, cand.per_head, f.lambda));
+    for (const auto& cand : candidates) {
+      const LsStats& train = *tg.train;
+      const LsStats& held = *tg.held;
+      const bool reference = cand.features == "slices" && !cand.per_head;  // the paper's map
+      json table = json::array();
+      double best = std::numeric_limits<double>::infinity();
+      std::vector<int64_t> counts;
+      if (family_has_slices(cand.features)) {
+        for (int64_t L : slice_counts)
+          if (family_of(cand.features, L).num_columns() > 0) counts.push_back(L);
       } else {
-        auto rc = choose_ridge(train, held, f.cols, cand.per_head, grid);
-        f.lambda = rc.lambda;
-        f.dual_mse = rc.heldout_mse;
-        row["ridge_grid"] = rc.grid;
-        row["ridge_grid_mse"] = rc.grid_mse;
+        counts.push_back(0);
       }
-      row["ridge"] = f.lambda;
-      row["heldout_dual_mse"] = f.dual_mse;
-      if (can_select && std::isnan(f.dual_mse)) out.nan_fits.push_back(f.name());
-      // Nested prefixes: a larger one must beat every smaller one by 1% to
-      // be worth its latency (and by more than rounding). Without held-out data only the largest is kept.
-      bool keep;
-      if (!can_select) {
-        keep = L == counts.back();
-      } else {
-        // Below the tie (ls_mse_tie) a difference is rounding, not a gain.
-        keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99 - ls_mse_tie(held));
-        // The paper's map keeps only its best prefix: it is the reference row, not a contender.
-        if (f.reference_map && keep) kept.clear();
+      std::vector<Fit> kept;
+      for (int64_t L : counts) {
+        Fit f;
+        f.cand = cand;
+        f.family = family_of(cand.features, L);
+        f.cols = family_columns(widest, f.family);
+        f.reference_map = reference && tg.k == 0;
+        f.target_k = tg.k;
+        json row{{"slices", L}};
+        if (opt.ridge >= 0 || !can_select) {
+          f.lambda = opt.ridge >= 0 ? opt.ridge : 1e-3;
+          if (can_select) f.dual_mse = ls_mse(held, f.cols, solve_ls(train, f.cols, cand.per_head, f.lambda));
+        } else {
+          auto rc = choose_ridge(train, held, f.cols, cand.per_head, grid);
+          f.lambda = rc.lambda;
+          f.dual_mse = rc.heldout_mse;
+          row["ridge_grid"] = rc.grid;
+          row["ridge_grid_mse"] = rc.grid_mse;
+        }
+        row["ridge"] = f.lambda;
+        row["heldout_dual_mse"] = f.dual_mse;
+        if (can_select && std::isnan(f.dual_mse)) out.nan_fits.push_back(f.name());
+        // Nested prefixes: a larger one must beat every smaller one by 1% to
+        // be worth its latency (and by more than rounding). Without held-out data only the largest is kept.
+        bool keep;
+        if (!can_select) {
+          keep = L == counts.back();
+        } else {
+          // Below the tie (ls_mse_tie) a difference is rounding, not a gain.
+          keep = std::isfinite(f.dual_mse) && (kept.empty() || f.dual_mse < best * 0.99 - ls_mse_tie(held));
+          // The paper's map keeps only its best prefix: it is the reference row, not a contender.
+          if (f.reference_map && keep) kept.clear();
+        }
+        row["kept"] = keep;
+        table.push_back(row);
+        if (keep) {
+          best = std::min(best, f.dual_mse);
+          kept.push_back(std::move(f));
+        }
       }
-      row["kept"] = keep;
-      table.push_back(row);
-      if (keep) {
-        best = std::min(best, f.dual_mse);
-        kept.push_back(std::move(f));
+      for (auto& f : kept) {
+        f.coef = solve_ls(train, f.cols, cand.per_head, f.lambda);
+        out.fits.push_back(std::move(f));
       }
+      out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled") +
+                                                    (tg.k > 0 ? "->k" + std::to_string(tg.k) : "")},
+                                  {"prefixes", table}});
     }
-    for (auto& f : kept) {
-      f.coef = solve_ls(train, f.cols, cand.per_head, f.lambda);
-      out.fits.push_back(std::move(f));
-    }
-    out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled") +
-                                                  (tg.k > 0 ? "->k" + std::to_string(tg.k) : "")},
-                                {"prefixes", table}});
-  }
   return out;
 }
 

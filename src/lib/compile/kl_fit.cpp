@@ -48,12 +48,12 @@ KlBatch make_kl_batch(const at::Tensor& q_in, const at::Tensor& k_in, const at::
 
 void kl_accumulate(const KlBatch& kb, const at::Tensor& coef, double eps, bool derivs, KlSums& sums) {
   const int64_t B = kb.Psi.size(0), H = kb.Psi.size(1), P = kb.Psi.size(3);
-  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H),
-             "KL fit: coefficients ", coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
+  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H), "KL fit: coefficients ",
+             coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
   const bool per_head = coef.size(0) == H && H > 1;
-  auto phi = (kb.Psi * coef.unsqueeze(1)).sum(-1);    // [B, H, n]
-  auto Z = kb.M + phi.unsqueeze(-1) / eps;            // [B, H, n(i), n(j)]
-  auto L = at::logsumexp(Z, {-2});                    // [B, H, n(j)]
+  auto phi = (kb.Psi * coef.unsqueeze(1)).sum(-1);  // [B, H, n]
+  auto Z = kb.M + phi.unsqueeze(-1) / eps;          // [B, H, n(i), n(j)]
+  auto L = at::logsumexp(Z, {-2});                  // [B, H, n(j)]
   auto bj = kb.b.expand({B, H, kb.b.size(-1)});
   // Padded columns have b_j = 0: their LSE is finite (rows exist), so 0 * L = 0.
   auto Fe = (bj * L).sum(-1) - (kb.rstar * phi).sum(-1) / eps;  // [B, H]
@@ -61,12 +61,12 @@ void kl_accumulate(const KlBatch& kb, const at::Tensor& coef, double eps, bool d
   sums.kl += (Fe + kb.kl_const).sum().item<double>();
   sums.terms += B * H;
   if (!derivs) return;
-  auto Pm = at::exp(Z - L.unsqueeze(-2));            // column conditionals p_ij
-  auto r = (Pm * bj.unsqueeze(-2)).sum(-1);          // [B, H, n]
+  auto Pm = at::exp(Z - L.unsqueeze(-2));    // column conditionals p_ij
+  auto r = (Pm * bj.unsqueeze(-2)).sum(-1);  // [B, H, n]
   auto grad = at::matmul(kb.Psi.transpose(-1, -2), ((r - kb.rstar) / eps).unsqueeze(-1)).squeeze(-1);  // [B,H,P]
-  auto W = at::matmul(kb.Psi.transpose(-1, -2), Pm);                                              // [B,H,P,n]
+  auto W = at::matmul(kb.Psi.transpose(-1, -2), Pm);                                                   // [B,H,P,n]
   auto hess = at::matmul(kb.Psi.transpose(-1, -2) * r.unsqueeze(-2), kb.Psi) -
-              at::matmul(W * bj.unsqueeze(-2), W.transpose(-1, -2));                              // [B,H,P,P]
+              at::matmul(W * bj.unsqueeze(-2), W.transpose(-1, -2));  // [B,H,P,P]
   hess = hess / (eps * eps);
   auto g = per_head ? grad.sum(0) : grad.sum(at::IntArrayRef{0, 1}).unsqueeze(0);
   auto h = per_head ? hess.sum(0) : hess.sum(at::IntArrayRef{0, 1}).unsqueeze(0);
@@ -169,10 +169,9 @@ KlNewtonResult kl_newton(const KlSource& source, const at::Tensor& coef0, double
   return r;
 }
 
-
-KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta, const FeatureFamily& family,
-             bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
-             const KlOptions& opt) {
+KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
+             const FeatureFamily& family, bool per_head, const at::Tensor& coef_ls,
+             const std::function<bool(int64_t)>& is_heldout, const KlOptions& opt) {
   std::vector<int64_t> tr, he;
   for (int64_t e = 0; e < sh.total; ++e)
     if (!opt.usable || opt.usable(e)) (is_heldout(e) ? he : tr).push_back(e);
@@ -188,9 +187,12 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
   KlSource train_src = [&](const std::function<void(const KlBatch&)>& fn) { train(fn); };
   KlSource held_src = [&](const std::function<void(const KlBatch&)>& fn) { held(fn); };
   Communicator* comm = opt.comm;
-  std::vector<double> grid = opt.ridge_grid.empty() ? std::vector<double>{1e-6, 1e-5, 1e-4, 1e-3, 1e-2} : opt.ridge_grid;
-  if (opt.ridge >= 0) grid = {opt.ridge};
-  else if (!can_select) grid = {1e-4};
+  std::vector<double> grid =
+      opt.ridge_grid.empty() ? std::vector<double>{1e-6, 1e-5, 1e-4, 1e-3, 1e-2} : opt.ridge_grid;
+  if (opt.ridge >= 0)
+    grid = {opt.ridge};
+  else if (!can_select)
+    grid = {1e-4};
 
   json diag{{"ridge_grid", grid}, {"ridge_fixed", opt.ridge >= 0}};
   const double ls_train_kl = kl_evaluate(train_src, coef_ls, s.eps, 0, false, comm).kl;
@@ -202,17 +204,26 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
   double best_held = std::numeric_limits<double>::infinity(), best_lambda = grid[0];
   int passes = 0;
   for (double lam : grid) {
-    auto res = kl_newton(train_src, coef_ls, s.eps, lam, opt.max_iters, opt.tol, [&](int it) {
-      ++passes;
-      if (opt.progress) opt.progress({s.name, "kl", it, opt.max_iters});
-    }, comm);
+    auto res = kl_newton(
+        train_src, coef_ls, s.eps, lam, opt.max_iters, opt.tol,
+        [&](int it) {
+          ++passes;
+          if (opt.progress) opt.progress({s.name, "kl", it, opt.max_iters});
+        },
+        comm);
     const double hk = can_select ? kl_evaluate(held_src, res.coef, s.eps, 0, false, comm).kl : -1;
     json hist = json::array();
     for (const auto& h : res.history)
-      hist.push_back({{"iter", h.iter}, {"objective", h.objective}, {"grad_norm", h.grad_norm},
-                      {"newton_decrement", h.newton_decrement}, {"step", h.step}});
-    per_ridge.push_back({{"ridge", lam}, {"heldout_kl", hk}, {"iterations", res.history.size() - 1},
-                         {"converged", res.converged}, {"history", hist}});
+      hist.push_back({{"iter", h.iter},
+                      {"objective", h.objective},
+                      {"grad_norm", h.grad_norm},
+                      {"newton_decrement", h.newton_decrement},
+                      {"step", h.step}});
+    per_ridge.push_back({{"ridge", lam},
+                         {"heldout_kl", hk},
+                         {"iterations", res.history.size() - 1},
+                         {"converged", res.converged},
+                         {"history", hist}});
     const double score = can_select ? hk : 0;
     if (score < best_held || !best.coef.defined()) {
       best_held = score;

@@ -33,11 +33,11 @@ KlBatch make_kl_batch(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 
 // Sums over batches, before the 1/E average and the ridge.
 struct KlSums {
-  double F = 0;      // sum_e F_e
-  double kl = 0;     // sum_e KL_e (F_e + const_e)
-  at::Tensor grad;   // [G, P]
-  at::Tensor hess;   // [G, P, P]
-  int64_t terms = 0; // E: (example, head) pairs
+  double F = 0;       // sum_e F_e
+  double kl = 0;      // sum_e KL_e (F_e + const_e)
+  at::Tensor grad;    // [G, P]
+  at::Tensor hess;    // [G, P, P]
+  int64_t terms = 0;  // E: (example, head) pairs
 };
 // coef [1, P] (pooled) or [H, P] (per head).
 void kl_accumulate(const KlBatch& batch, const at::Tensor& coef, double eps, bool derivatives, KlSums& sums);
@@ -78,15 +78,15 @@ struct KlOptions {
   int64_t batch_size = 16;
   int64_t min_heldout = 8;
   std::function<void(const ProgressEvent&)> progress;
-  Communicator* comm = nullptr;  // distributed: this rank's share, sums reduced
+  Communicator* comm = nullptr;         // distributed: this rank's share, sums reduced
   std::function<bool(int64_t)> usable;  // examples to use (default: all)
 };
 struct KlFit {
   at::Tensor coef;
   nlohmann::json diagnostics;
 };
-KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& spec, const at::Tensor& theta, const FeatureFamily& family,
-             bool per_head, const at::Tensor& coef_ls, const std::function<bool(int64_t)>& is_heldout,
-             const KlOptions& opt);
+KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& spec, const at::Tensor& theta,
+             const FeatureFamily& family, bool per_head, const at::Tensor& coef_ls,
+             const std::function<bool(int64_t)>& is_heldout, const KlOptions& opt);
 
 }  // namespace asap

@@ -155,8 +155,8 @@ std::shared_ptr<LatencyModel> latency_table_from_file(const std::string& path) {
   } catch (const std::exception& e) {
     throw Error(str("latency table '", path, "' is not valid JSON: ", e.what()));
   }
-  ASAP_CHECK(j.is_object(), "latency table '", path, "' should be a JSON object {layer or \"*\": {operator: seconds}}, found ",
-             j.type_name());
+  ASAP_CHECK(j.is_object(), "latency table '", path,
+             "' should be a JSON object {layer or \"*\": {operator: seconds}}, found ", j.type_name());
   return std::make_shared<TableLatency>(path, std::move(j));
 }
 
@@ -171,9 +171,9 @@ std::shared_ptr<LatencyModel> measured_latency(const LayerStream& stream, const 
   ASAP_CHECK(deploy_batch >= 1, "--deploy-batch must be at least 1, found ", deploy_batch);
   ASAP_CHECK(!examples.empty(), "layer '", s.name, "': no examples to time the operators on");
   // deploy_batch examples, repeating the available ones when there are fewer.
-  std::vector<int64_t> idx(examples.begin(),
-                           examples.begin() + static_cast<std::ptrdiff_t>(
-                                                  std::min<size_t>(examples.size(), static_cast<size_t>(deploy_batch))));
+  std::vector<int64_t> idx(
+      examples.begin(), examples.begin() + static_cast<std::ptrdiff_t>(
+                                               std::min<size_t>(examples.size(), static_cast<size_t>(deploy_batch))));
   auto b = stream.read_indices(idx);
   if (b.q.size(0) < deploy_batch) {
     std::vector<int64_t> rep;

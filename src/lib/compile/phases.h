@@ -38,7 +38,7 @@ struct MatchedStats {
   LsStats train, held;
 };
 struct Statistics {
-  LsStats train, held;            // the closure-ready target f* (any k)
+  LsStats train, held;  // the closure-ready target f* (any k)
   std::vector<MatchedStats> matched;
   int64_t n_held = 0;
   std::vector<int64_t> held_idx;  // calibration indices of the held-out examples, increasing
@@ -68,13 +68,13 @@ struct Fit {
   Candidate cand;
   FeatureFamily family;
   std::vector<int64_t> cols;
-  int target_k = 0;                   // 0: the closure-ready target; else k-matched, run with exactly k closures
+  int target_k = 0;  // 0: the closure-ready target; else k-matched, run with exactly k closures
   double lambda = 0;
-  double dual_mse = -1;               // held-out dual MSE (-1: no held-out data)
+  double dual_mse = -1;  // held-out dual MSE (-1: no held-out data)
   at::Tensor coef;
-  std::vector<double> error_by_k;     // held-out attention error, k = 1..size
-  bool reference_map = false;         // the paper's map (slices/pooled), reported at every k
-  std::string name() const;           // "slices+alpha/per-head@L16"
+  std::vector<double> error_by_k;  // held-out attention error, k = 1..size
+  bool reference_map = false;      // the paper's map (slices/pooled), reported at every k
+  std::string name() const;        // "slices+alpha/per-head@L16"
 };
 struct FitTable {
   std::vector<Fit> fits;
@@ -99,8 +99,8 @@ struct HeldoutErrors {
 };
 // Each rank runs its share of the selection examples; sums are reduced.
 HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const std::vector<int64_t>& held_idx,
-                             std::vector<Fit>& fits, const std::vector<int>& k_eval, const CompileOptions& opt);
+                             const FeatureFamily& widest, const std::vector<int64_t>& held_idx, std::vector<Fit>& fits,
+                             const std::vector<int>& k_eval, const CompileOptions& opt);
 
 // ---- latency (latency.cpp) ------------------------------------------------
 // The measured model: the fused operators on `deploy` examples of the layer.

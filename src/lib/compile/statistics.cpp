@@ -22,8 +22,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 nlohmann::json PhaseTimes::to_json() const {
   return {{"read", read},   {"teacher", teacher},     {"features", features}, {"statistics", statistics},
-          {"solve", solve}, {"selection", selection}, {"latency", latency},
-          {"communication", communication}};
+          {"solve", solve}, {"selection", selection}, {"latency", latency},   {"communication", communication}};
 }
 
 namespace {
@@ -102,21 +101,22 @@ Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const 
     t = Clock::now();
     // Examples whose scores overflow give non-finite duals or features on rows
     // that carry mass; one of them would spoil every statistic.
-    auto finite = at::where(m.row_active, teacher.phi_bar_star, at::zeros({}, teacher.phi_bar_star.options()))
-                      .isfinite()
-                      .all(-1)
-                      .all(-1)
-                      .logical_and(at::where(m.row_active.unsqueeze(-1), Psi, at::zeros({}, Psi.options()))
-                                       .isfinite()
-                                       .flatten(1)
-                                       .all(-1));
+    auto finite =
+        at::where(m.row_active, teacher.phi_bar_star, at::zeros({}, teacher.phi_bar_star.options()))
+            .isfinite()
+            .all(-1)
+            .all(-1)
+            .logical_and(
+                at::where(m.row_active.unsqueeze(-1), Psi, at::zeros({}, Psi.options())).isfinite().flatten(1).all(-1));
     auto fin = finite.accessor<bool, 1>();
     std::vector<int64_t> tr, he;
     for (int64_t e = 0; e < count; ++e) {
       if (!fin[e]) {
-        const double amax = (b.x.defined() ? b.x[e] : at::cat({b.q[e].flatten(), b.k[e].flatten()})).abs().max().item<double>();
+        const double amax =
+            (b.x.defined() ? b.x[e] : at::cat({b.q[e].flatten(), b.k[e].flatten()})).abs().max().item<double>();
         ASAP_CHECK(opt.skip_bad_examples, "calibration file '", stream.calib_path(), "': layer '", s.name, "' example ",
-                   start + e, " has activations up to ", amax, ", which make its attention scores overflow (the teacher's "
+                   start + e, " has activations up to ", amax,
+                   ", which make its attention scores overflow (the teacher's "
                    "dual or the features are not finite); drop or fix the example, or pass --skip-bad-examples to "
                    "exclude such examples with a warning");
         st.excluded.push_back(start + e);

@@ -31,8 +31,8 @@ int int_of(const std::string& text, const std::string& what) {
   } catch (const std::exception&) {
     pos = 0;
   }
-  ASAP_CHECK(pos == text.size() && pos > 0 && v >= 0 && v <= 1 << 30, what, " should be a non-negative integer, found '",
-             text, "'");
+  ASAP_CHECK(pos == text.size() && pos > 0 && v >= 0 && v <= 1 << 30, what,
+             " should be a non-negative integer, found '", text, "'");
   return static_cast<int>(v);
 }
 
@@ -42,7 +42,8 @@ int env_int(const char* name) { return int_of(env_of(name), str("environment var
 void master_from_env(DistEnv& e, const std::string& who) {
   const char* a = env_of("MASTER_ADDR");
   const char* p = env_of("MASTER_PORT");
-  ASAP_CHECK(a && p, who, " gives RANK ", e.rank, " of WORLD_SIZE ", e.world_size, " but ", a ? "MASTER_PORT" : "MASTER_ADDR",
+  ASAP_CHECK(a && p, who, " gives RANK ", e.rank, " of WORLD_SIZE ", e.world_size, " but ",
+             a ? "MASTER_PORT" : "MASTER_ADDR",
              " is not set: it names the rendezvous host and port (docs/distributed.md)");
   e.host = a;
   e.port = env_int("MASTER_PORT");
@@ -67,11 +68,13 @@ DistEnv resolve_dist_env(const DistOptions& opt) {
                "--dist-init must be tcp://HOST:PORT or env://, found '", opt.init, "'");
     const std::string hp = opt.init.substr(prefix.size());
     const auto colon = hp.rfind(':');
-    ASAP_CHECK(colon != std::string::npos && colon > 0, "--dist-init '", opt.init, "' has no port: expected tcp://HOST:PORT");
+    ASAP_CHECK(colon != std::string::npos && colon > 0, "--dist-init '", opt.init,
+               "' has no port: expected tcp://HOST:PORT");
     ASAP_CHECK(opt.rank >= 0 && opt.world_size >= 1, "--dist-init ", opt.init,
                " needs --rank R and --world-size W (or use env:// under torchrun)");
     e.host = hp.substr(0, colon);
-    if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']') e.host = e.host.substr(1, e.host.size() - 2);
+    if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']')
+      e.host = e.host.substr(1, e.host.size() - 2);
     e.port = int_of(hp.substr(colon + 1), str("the port of --dist-init '", opt.init, "'"));
     e.rank = opt.rank;
     e.world_size = opt.world_size;
@@ -88,12 +91,14 @@ DistEnv resolve_dist_env(const DistOptions& opt) {
     if (e.world_size > 1) master_from_env(e, e.source == "torchrun" ? "torchrun" : "the environment");
     if (const char* a = env_of("TORCHELASTIC_USE_AGENT_STORE"); a && std::string(a) == "True") {
       e.agent_store = true;
-      e.store_prefix = str("/worker/attempt_", env_of("TORCHELASTIC_RESTART_COUNT") ? env_of("TORCHELASTIC_RESTART_COUNT") : "0");
+      e.store_prefix =
+          str("/worker/attempt_", env_of("TORCHELASTIC_RESTART_COUNT") ? env_of("TORCHELASTIC_RESTART_COUNT") : "0");
     }
     check_rank(e, e.source);
     return e;
   }
-  ASAP_CHECK(opt.init != "env://", "--dist-init env:// needs RANK and WORLD_SIZE in the environment (torchrun sets them)");
+  ASAP_CHECK(opt.init != "env://",
+             "--dist-init env:// needs RANK and WORLD_SIZE in the environment (torchrun sets them)");
   // SLURM: srun sets the task's rank and count; the job script names the
   // rendezvous with MASTER_ADDR / MASTER_PORT, which is what opts in.
   if (env_of("SLURM_PROCID") && env_of("SLURM_NTASKS") && env_of("MASTER_ADDR") && env_of("MASTER_PORT")) {
@@ -154,9 +159,9 @@ std::string calib_content_digest(const CalibFile& calib) {
   }
   for (const auto& layer : calib.layer_names()) {
     const auto li = calib.info(layer);
-    all += str("layer ", layer, " projected ", li.projected, " v ", li.has_v, " mask ", li.has_mask, " n ", li.n,
-               " d_model ", li.d_model, " heads ", li.heads, " head_dim ", li.head_dim, " value_dim ", li.value_dim,
-               " N");
+    all +=
+        str("layer ", layer, " projected ", li.projected, " v ", li.has_v, " mask ", li.has_mask, " n ", li.n,
+            " d_model ", li.d_model, " heads ", li.heads, " head_dim ", li.head_dim, " value_dim ", li.value_dim, " N");
     for (int64_t n : calib.examples_per_file(layer)) all += str(" ", n);
     all += "\n";
   }

@@ -118,7 +118,8 @@ class GlooCommunicator final : public Communicator {
     allreduce_sum(len);
     const size_t L = static_cast<size_t>(*std::max_element(len.begin(), len.end()));
     std::vector<double> buf(static_cast<size_t>(W) * L, 0.0);
-    for (size_t i = 0; i < s.size(); ++i) buf[static_cast<size_t>(env_.rank) * L + i] = static_cast<unsigned char>(s[i]);
+    for (size_t i = 0; i < s.size(); ++i)
+      buf[static_cast<size_t>(env_.rank) * L + i] = static_cast<unsigned char>(s[i]);
     allreduce_sum(buf);
     std::vector<std::string> out;
     for (int r = 0; r < W; ++r) {
@@ -305,9 +306,8 @@ class GlooCommunicator final : public Communicator {
       }
       if (count == 0) throw;
       throw Error(str("rank ", env_.rank, " of ", W, ": ", count == 1 ? "rank " : "ranks ", missing,
-                      " did not join the process group at ", where, " (from ", env_.source,
-                      ") within ", timeout_s_, " s of --dist-timeout: not started, stopped before joining, or ",
-                      "unable to reach ", where));
+                      " did not join the process group at ", where, " (from ", env_.source, ") within ", timeout_s_,
+                      " s of --dist-timeout: not started, stopped before joining, or ", "unable to reach ", where));
     }
   }
   c10::intrusive_ptr<c10d::Store> store_;

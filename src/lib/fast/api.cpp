@@ -53,9 +53,9 @@ void require_handled(const char* fn, const at::Tensor& q, const at::Tensor& k, c
     return t.defined() ? asap::str(t.device(), " ", t.scalar_type(), " ", t.sizes()) : std::string("undefined");
   };
   throw Error(asap::str("asap::fast::", fn,
-                  " takes CPU float32/float64 tensors with at least one head and one token (asap::run_teacher "
-                  "and asap::run_layer take the others), found q ",
-                  where(q), ", k ", where(k), ", v ", where(v), ", key_mask ", where(mask)));
+                        " takes CPU float32/float64 tensors with at least one head and one token (asap::run_teacher "
+                        "and asap::run_layer take the others), found q ",
+                        where(q), ", k ", where(k), ", v ", where(v), ", key_mask ", where(mask)));
 }
 
 // The key mask as a contiguous bool [B, n] (undefined = none), with the
@@ -135,8 +135,8 @@ T* scratch(int slot, int64_t count) {
 
 template <class T>
 TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           double scale, int T_budget, const Convention& c, bool want_attention,
-                           const Tuning& tuning, bool want_duals) {
+                           double scale, int T_budget, const Convention& c, bool want_attention, const Tuning& tuning,
+                           bool want_duals) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t dv = v.defined() ? v.size(3) : 0;
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
@@ -207,7 +207,6 @@ void check_qk(const at::Tensor& q, const at::Tensor& k) {
   ASAP_CHECK(q.dim() == 4 && k.dim() == 4 && q.sizes() == k.sizes(),
              "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ", k.sizes());
 }
-
 
 // The engine's view of a feature family; bank kept alive by the caller.
 template <class T>
@@ -328,9 +327,9 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 template <class T>
-at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, double scale, int T_budget,
-                               const Convention& c, const at::Tensor& phi, const std::vector<int>& kc, int k_max,
-                               const Tuning& tuning) {
+at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, double scale,
+                               int T_budget, const Convention& c, const at::Tensor& phi, const std::vector<int>& kc,
+                               int k_max, const Tuning& tuning) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), C = phi.size(0);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
   const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
@@ -363,8 +362,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
     eng.cache_plan(fs, gs);
     for (int64_t cand = 0; cand < C; ++cand) {
       const T* ph = pp + (cand * B * H + bh) * n;
-      for (int64_t r = 0; r < nR; ++r)
-        f[r] = static_cast<T>(static_cast<double>(ph[a.rows[r]] - alpha[r]) / eps);
+      for (int64_t r = 0; r < nR; ++r) f[r] = static_cast<T>(static_cast<double>(ph[a.rows[r]] - alpha[r]) / eps);
       for (int t = 1; t <= kc[cand]; ++t) {
         if (t % 2 == 1)
           eng.col_pass(f, g, false, T(0), HeadOut<T>{});
@@ -404,7 +402,8 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
   auto qc = q.contiguous();
   auto kk = k.to(q.scalar_type()).contiguous();
   auto pc = phi_hat.to(at::kCPU, q.scalar_type()).contiguous();
-  if (pc.size(0) == 0) return at::zeros({0, k_max, B, H}, at::kDouble);  // no candidates (empty batches are refused above)
+  if (pc.size(0) == 0)
+    return at::zeros({0, k_max, B, H}, at::kDouble);  // no candidates (empty batches are refused above)
   if (q.scalar_type() == at::kFloat)
     return closure_errors_impl<float>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
   return closure_errors_impl<double>(qc, kk, mask, scale, T, c, pc, kc, k_max, tuning);
@@ -420,8 +419,8 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2);
   if (v.defined())
-    ASAP_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == n,
-               "teacher: v must be [", B, ", ", H, ", ", n, ", dv], found ", v.sizes());
+    ASAP_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == n, "teacher: v must be [", B, ", ", H,
+               ", ", n, ", dv], found ", v.sizes());
   auto mask = checked_mask(key_mask, B, n);
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
@@ -446,8 +445,8 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   ASAP_CHECK(s.eps > 0, "entropy eps must be positive, found ", s.eps);
   ASAP_CHECK(L.family.num_columns() >= 1, "feature family has no columns");
   if (L.family.slices > 0) {
-    ASAP_CHECK(L.theta.dim() == 2 && L.theta.size(0) == q.size(-1),
-               "slice bank: expected [", q.size(-1), ", L], found ", L.theta.sizes());
+    ASAP_CHECK(L.theta.dim() == 2 && L.theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1),
+               ", L], found ", L.theta.sizes());
     ASAP_CHECK(L.family.slices <= L.theta.size(1), "slice count ", L.family.slices, " outside the bank's 1..",
                L.theta.size(1));
   }
@@ -456,21 +455,20 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.to(q.scalar_type()).contiguous();
-  if (q.scalar_type() == at::kFloat)
-    return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning);
+  if (q.scalar_type() == at::kFloat) return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning);
   return layer_impl<double>(L, qc, kc, vc, mask, k_closures, opt, tuning);
 }
 
 at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,
-                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family,
-                          double scale, double eps, const Tuning& tuning) {
+                          bool drop_padded_queries, const at::Tensor& theta, const FeatureFamily& family, double scale,
+                          double eps, const Tuning& tuning) {
   ASAP_CHECK(family.num_columns() >= 1, "feature family has no columns");
   ASAP_CHECK(k.defined(), "features: k is undefined");
   require_handled("build_features", q, k, at::Tensor(), key_mask);
   check_qk(q, k);
   if (family.slices > 0) {
-    ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1),
-               ", L], found ", theta.sizes());
+    ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1), ", L], found ",
+               theta.sizes());
     ASAP_CHECK(family.slices >= 1 && family.slices <= theta.size(1), "slice count ", family.slices,
                " outside the bank's 1..", theta.size(1));
   }

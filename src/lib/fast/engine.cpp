@@ -1,6 +1,6 @@
 // The per-head engine of the fast path (see engine.h and docs/performance.md).
-#include "asap/error.h"
 #include "fast/engine.h"
+#include "asap/error.h"
 #include "fast/slices.h"
 
 #include <algorithm>
@@ -18,7 +18,7 @@ template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 // Rows per chunk in column passes over a stored tile (see col_pass).
 constexpr int64_t kColChunkRows = 32;
-}
+}  // namespace
 
 std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
   std::vector<Active> out(B);
@@ -79,7 +79,8 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
     c.chunk_rows = 64;
   } else {
     // Recomputed tiles of about 256 KiB.
-    c.chunk_rows = std::min<int64_t>(256, std::max<int64_t>(8, (int64_t(256) << 10) / (round_up(n, panel) * elem_bytes)));
+    c.chunk_rows =
+        std::min<int64_t>(256, std::max<int64_t>(8, (int64_t(256) << 10) / (round_up(n, panel) * elem_bytes)));
   }
   return c;
 }
@@ -176,8 +177,8 @@ T* Engine<T>::tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int6
 }
 
 template <class T>
-void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale,
-                     const T* Bv, int tid, const HeadOut<T>& out) {
+void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
+                     int tid, const HeadOut<T>& out) {
   const int64_t rows = r1 - r0;
   const Active& a = *act_;
   if (out.O && has_v_) {
@@ -518,8 +519,8 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
 }
 
 template <class T>
-void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k,
-                         T log_mult, T* f, T* g, const HeadOut<T>& out, T* phi, T* psi) {
+void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult,
+                         T* f, T* g, const HeadOut<T>& out, T* phi, T* psi) {
   // Slices: accumulated (beta_l col_l and beta_l mean_l) or, when the columns
   // are asked for, centered into psi and then summed from there.
   double* acc = phi_acc_.get(nR_);

@@ -113,8 +113,8 @@ class Engine {
   // family's column order; alpha [nR] the query cost offsets. phi (may be
   // null) receives phi_hat over R rounded to T; psi (may be null) the
   // centered columns [P, nR] as features() writes them, from the same passes.
-  void asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult,
-                T* f, T* g, const HeadOut<T>& out, T* phi, T* psi);
+  void asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult, T* f, T* g,
+                const HeadOut<T>& out, T* phi, T* psi);
 
   T log_a() const { return log_a_; }
 
@@ -134,8 +134,8 @@ class Engine {
   // pointer and leading dimension; writable (final passes work in place).
   T* tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld);
   // O rows (and A entries) of chunk [r0, r1) from E = plan / (row and column scales).
-  void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
-            int tid, const HeadOut<T>& out);
+  void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv, int tid,
+            const HeadOut<T>& out);
 
   const KernelTable<T>& kt_;
   int64_t n_, d_, dv_, dvp_;

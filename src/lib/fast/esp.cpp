@@ -58,8 +58,10 @@ void esp_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
       for (int64_t l = 0; l < L; ++l) {
         const T* xl = x + l * ldx;
         const T* yl = y + l * ldx;
-        sort_order<T>(n, [&](int64_t r) { return xl[r]; }, ss_, ox);
-        sort_order<T>(n, [&](int64_t r) { return yl[r]; }, ss_, oy);
+        sort_order<T>(
+            n, [&](int64_t r) { return xl[r]; }, ss_, ox);
+        sort_order<T>(
+            n, [&](int64_t r) { return yl[r]; }, ss_, oy);
         int32_t* sg = sigma.data() + l * n;
         double cost = 0;
         for (int64_t r = 0; r < n; ++r) {

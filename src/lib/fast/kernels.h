@@ -42,8 +42,7 @@ struct KernelTable {
   // Row log-sum-exp: lse[r] = LSE_j (S[r,j] + add[j]) over j < nc. When E is
   // given, also E[r,j] = exp(S[r,j] + add[j] - max_r) and z[r] = sum_j E[r,j]
   // (E may alias S).
-  void (*row_lse)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde,
-                  T* z);
+  void (*row_lse)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde, T* z);
   // Online column log-sum-exp over a chunk of rows: with per-column state
   // (cmax, csum) meaning LSE = cmax + log(csum), folds in S[r,j] + radd[r].
   void (*col_lse_chunk)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum);

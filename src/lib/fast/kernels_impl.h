@@ -65,21 +65,42 @@ inline T smax(T a, T b) {
 // GCC turns `a > b ? a : b` on vectors into compare + blend unless
 // -ffinite-math-only; the instruction sets' min/max have exactly these
 // semantics (second operand on NaN), so use them where available.
-#if (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 64  // kernels_avx512.cpp (target macros are not defined under #pragma GCC target)
-inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm512_max_ps((__m512)a, (__m512)b); }
-inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm512_min_ps((__m512)a, (__m512)b); }
-inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm512_max_pd((__m512d)a, (__m512d)b); }
-inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm512_min_pd((__m512d)a, (__m512d)b); }
+#if (defined(__x86_64__) || defined(__i386__)) && \
+    ASAP_VBYTES == 64  // kernels_avx512.cpp (target macros are not defined under #pragma GCC target)
+inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) {
+  return (Vec<float>::V)_mm512_max_ps((__m512)a, (__m512)b);
+}
+inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) {
+  return (Vec<float>::V)_mm512_min_ps((__m512)a, (__m512)b);
+}
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm512_max_pd((__m512d)a, (__m512d)b);
+}
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm512_min_pd((__m512d)a, (__m512d)b);
+}
 #elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 32  // kernels_avx2.cpp
-inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm256_max_ps((__m256)a, (__m256)b); }
-inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm256_min_ps((__m256)a, (__m256)b); }
-inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm256_max_pd((__m256d)a, (__m256d)b); }
-inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm256_min_pd((__m256d)a, (__m256d)b); }
+inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) {
+  return (Vec<float>::V)_mm256_max_ps((__m256)a, (__m256)b);
+}
+inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) {
+  return (Vec<float>::V)_mm256_min_ps((__m256)a, (__m256)b);
+}
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm256_max_pd((__m256d)a, (__m256d)b);
+}
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm256_min_pd((__m256d)a, (__m256d)b);
+}
 #elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 16  // SSE2 is baseline on x86-64
 inline Vec<float>::V vmax(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm_max_ps((__m128)a, (__m128)b); }
 inline Vec<float>::V vmin(Vec<float>::V a, Vec<float>::V b) { return (Vec<float>::V)_mm_min_ps((__m128)a, (__m128)b); }
-inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm_max_pd((__m128d)a, (__m128d)b); }
-inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) { return (Vec<double>::V)_mm_min_pd((__m128d)a, (__m128d)b); }
+inline Vec<double>::V vmax(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm_max_pd((__m128d)a, (__m128d)b);
+}
+inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) {
+  return (Vec<double>::V)_mm_min_pd((__m128d)a, (__m128d)b);
+}
 #endif
 
 template <class T>
@@ -424,8 +445,7 @@ void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t 
 
 template <class T, int NV>
 struct NnVecRem {
-  static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-                  int64_t ldc) {
+  static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
     if (nv == NV)
       nn_cols<T, NV>(M, N, A, lda, B, ldb, C, ldc);
     else
@@ -438,8 +458,7 @@ struct NnVecRem<T, 0> {
 };
 
 template <class T>
-void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-             int64_t ldc) {
+void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
   constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
   const int64_t nvec = Nv / W;
   int64_t v = 0;
@@ -742,27 +761,27 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
       // (Preprocessor branches: shuffle indices are checked even in a
       // discarded `if constexpr` branch, D not being a dependent type.)
 #if ASAP_VBYTES == 64
-        D p[4], u[2];
-        for (int i = 0; i < 4; ++i)
-          p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-        for (int i = 0; i < 2; ++i)
-          u[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-                 __builtin_shufflevector(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-        const D w = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +
-                    __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
-        sum = __builtin_shufflevector(w, w, 0, 4, 2, 6, 1, 5, 3, 7);
+      D p[4], u[2];
+      for (int i = 0; i < 4; ++i)
+        p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+      for (int i = 0; i < 2; ++i)
+        u[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+      const D w = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+                  __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
+      sum = __builtin_shufflevector(w, w, 0, 4, 2, 6, 1, 5, 3, 7);
 #elif ASAP_VBYTES == 32
-        D p[2];
-        for (int i = 0; i < 2; ++i)
-          p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5) +
-                 __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7);
-        const D w = __builtin_shufflevector(p[0], p[1], 0, 4, 2, 6) + __builtin_shufflevector(p[0], p[1], 1, 5, 3, 7);
-        sum = __builtin_shufflevector(w, w, 0, 2, 1, 3);
+      D p[2];
+      for (int i = 0; i < 2; ++i)
+        p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7);
+      const D w = __builtin_shufflevector(p[0], p[1], 0, 4, 2, 6) + __builtin_shufflevector(p[0], p[1], 1, 5, 3, 7);
+      sum = __builtin_shufflevector(w, w, 0, 2, 1, 3);
 #elif ASAP_VBYTES == 16
-        sum = __builtin_shufflevector(a[0], a[1], 0, 2) + __builtin_shufflevector(a[0], a[1], 1, 3);
+      sum = __builtin_shufflevector(a[0], a[1], 0, 2) + __builtin_shufflevector(a[0], a[1], 1, 3);
 #else
-        sum = a[0];
+      sum = a[0];
 #endif
       for (int i = 0; i < WD; ++i) out[r + i] = half_s * static_cast<T>(sum[i]);
     }
@@ -815,23 +834,10 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{ASAP_ISA_NAME,
-                                ASAP_NT_MR,
-                                ASAP_NT_NV * Vec<T>::W,
-                                Vec<T>::W,
-                                &pack_b<T>,
-                                &gemm_nt<T>,
-                                &gemm_nn<T>,
-                                &row_lse<T>,
-                                &col_lse_chunk<T>,
-                                &col_max<T>,
-                                &col_exp<T>,
-                                &plan<T>,
-                                &vexp<T>,
-                                &add_log_t<T>,
-                                &row_sqnorm<T>,
-                                &all_finite<T>,
-                                &peak_fma<T>};
+  return detail::KernelTable<T>{
+      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,      &pack_b<T>,  &gemm_nt<T>,
+      &gemm_nn<T>,   &row_lse<T>,   &col_lse_chunk<T>,      &col_max<T>,    &col_exp<T>, &plan<T>,
+      &vexp<T>,      &add_log_t<T>, &row_sqnorm<T>,         &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};

@@ -17,9 +17,7 @@ namespace {
 // Where the probes' results go, so that their loops are kept.
 volatile double g_peak_sink = 0;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Runs work(thread) once on each of `threads` threads at the same time and
 // returns the wall time of the slowest.
@@ -48,9 +46,8 @@ MachinePeak peak_of(const detail::KernelTable<T>& kt, int rounds) {
   for (auto& x : xs)
     for (int64_t i = 0; i < kM; ++i) x[i] = static_cast<T>(-20.0 * static_cast<double>(i) / kM);
   for (int r = 0; r < rounds; ++r) {
-    const double tf = timed_on_all(p.threads, [&](int64_t t) {
-      sink[t] += static_cast<double>(kt.peak_fma(fma_iters, static_cast<T>(t)));
-    });
+    const double tf = timed_on_all(
+        p.threads, [&](int64_t t) { sink[t] += static_cast<double>(kt.peak_fma(fma_iters, static_cast<T>(t))); });
     p.flops_per_s = std::max(p.flops_per_s, fma_flops * p.threads / tf);
     const double te = timed_on_all(p.threads, [&](int64_t t) {
       for (int64_t k = 0; k < exp_reps; ++k) kt.vexp(kM, xs[t].data(), ys[t].data());

@@ -48,8 +48,8 @@ struct ScaledBank {
 // each. pq and pk hold ldx * d and ldy * d elements (ldx, ldy multiples of
 // the table's nt_nr).
 template <class T>
-void project_slices(const KernelTable<T>& kt, int64_t L, int64_t d, const T* bank, int64_t nq, const T* q,
-                    int64_t nk, const T* k, T* pq, T* pk, T* X, int64_t ldx, T* Y, int64_t ldy) {
+void project_slices(const KernelTable<T>& kt, int64_t L, int64_t d, const T* bank, int64_t nq, const T* q, int64_t nk,
+                    const T* k, T* pq, T* pk, T* X, int64_t ldx, T* Y, int64_t ldy) {
   kt.pack_b(nq, d, q, d, T(1), pq);
   kt.pack_b(nk, d, k, d, T(1), pk);
   kt.gemm_nt(L, nq, d, bank, d, pq, X, ldx);

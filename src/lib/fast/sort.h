@@ -171,7 +171,9 @@ void sorted_values(int64_t m, const T* v, SortScratch<T>& s, double* out) {
   for (int64_t r = 0; r < m; ++r) s.k0[r] = sort_key(v[r]);
   const K* k = nullptr;
   if constexpr (sizeof(K) == 4) {
-    if (m > 48 && bucket_words<K>(s.k0.data(), s.k1.data(), m, [](K w) { return w; }, s.hist)) k = s.k1.data();
+    if (m > 48 && bucket_words<K>(
+                      s.k0.data(), s.k1.data(), m, [](K w) { return w; }, s.hist))
+      k = s.k1.data();
   }
   if (!k) k = radix_words<K>(s.k0.data(), s.k1.data(), m, 0, static_cast<int>(sizeof(K)), s.hist);
   for (int64_t r = 0; r < m; ++r) out[r] = static_cast<double>(key_value(k[r]));
@@ -252,8 +254,8 @@ inline void sorted_with_order(int64_t m, const float* v, SortScratch<float>& s, 
   s.p1.resize(m);
   for (int64_t r = 0; r < m; ++r) s.p0[r] = (static_cast<uint64_t>(sort_key(v[r])) << 32) | static_cast<uint64_t>(r);
   const uint64_t* w;
-  if (m > 48 && bucket_words<uint64_t>(s.p0.data(), s.p1.data(), m,
-                                       [](uint64_t x) { return static_cast<uint32_t>(x >> 32); }, s.hist))
+  if (m > 48 && bucket_words<uint64_t>(
+                    s.p0.data(), s.p1.data(), m, [](uint64_t x) { return static_cast<uint32_t>(x >> 32); }, s.hist))
     w = s.p1.data();
   else
     w = radix_words<uint64_t>(s.p0.data(), s.p1.data(), m, 4, 8, s.hist);
@@ -265,7 +267,8 @@ inline void sorted_with_order(int64_t m, const float* v, SortScratch<float>& s, 
 }
 inline void sorted_with_order(int64_t m, const double* v, SortScratch<double>& s, std::vector<int32_t>& order,
                               double* out) {
-  sort_order<double>(m, [v](int64_t r) { return v[r]; }, s, order);
+  sort_order<double>(
+      m, [v](int64_t r) { return v[r]; }, s, order);
   for (int64_t r = 0; r < m; ++r) out[r] = v[order[r]];
 }
 

@@ -38,18 +38,18 @@ constexpr int kSortLanes = 16;
 // One lane block of the features of one head (see Engine::features).
 template <class T>
 struct SliceBlock {
-  int64_t m = 0;              // active keys (sorted elements per lane)
-  int64_t nR = 0;             // rows R (query rows with mass)
-  int lanes = kSortLanes;     // real slices in this block; lanes beyond are padding
-  const T* XT = nullptr;      // [nR][ld]: query projections, lane 0 of the block at XT[0]
-  const T* YT = nullptr;      // [m][ld]: active key projections
-  int64_t ld = 0;             // lanes per row of XT and YT (a multiple of kSortLanes)
+  int64_t m = 0;                   // active keys (sorted elements per lane)
+  int64_t nR = 0;                  // rows R (query rows with mass)
+  int lanes = kSortLanes;          // real slices in this block; lanes beyond are padding
+  const T* XT = nullptr;           // [nR][ld]: query projections, lane 0 of the block at XT[0]
+  const T* YT = nullptr;           // [m][ld]: active key projections
+  int64_t ld = 0;                  // lanes per row of XT and YT (a multiple of kSortLanes)
   const int32_t* kir = nullptr;    // [m]: position in R of each active key (ascending)
   const int32_t* extra = nullptr;  // positions in R of rows that are not keys
   int64_t n_extra = 0;
   const int32_t* comps = nullptr;  // comparator pairs (i, j), i < j < m
   int64_t n_comps = 0;
-  void* work = nullptr;            // sortnet_work_bytes(m, nR) bytes, 64-byte aligned
+  void* work = nullptr;  // sortnet_work_bytes(m, nR) bytes, 64-byte aligned
   // Output, like Engine::features: with beta, acc[i] += sum_l beta[l] col_l[i]
   // and *shift += sum_l beta[l] mean_l; without, psi[l * ldpsi + i] = col_l[i] - mean_l.
   const double* beta = nullptr;
@@ -69,8 +69,8 @@ struct SortNetTable {
   // comparators `comps`: values to out_v [m][kSortLanes]; with a payload
   // (positions, ascending in r), by (value, payload) and the payloads to
   // out_p [m][kSortLanes]. For the tests.
-  void (*sort_lanes)(int64_t m, const T* v, int64_t ldv, const int32_t* payload, const int32_t* comps,
-                     int64_t n_comps, void* work, T* out_v, int32_t* out_p);
+  void (*sort_lanes)(int64_t m, const T* v, int64_t ldv, const int32_t* payload, const int32_t* comps, int64_t n_comps,
+                     void* work, T* out_v, int32_t* out_p);
   // The slice columns of one lane block (SliceBlock).
   void (*slice_block)(const SliceBlock<T>& b);
 };

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <map>
 #include <optional>
@@ -29,7 +29,6 @@ namespace asap {
 namespace h5 = detail::h5;
 
 // ---- Artifact ----------------------------------------------------------------
-
 
 const CompiledLayer* Artifact::find(const std::string& name) const {
   for (const auto& l : layers)
@@ -73,9 +72,7 @@ const char* layout_name(ProjLayout l) {
   return "?";
 }
 
-const char* mask_name(MaskConvention m) {
-  return m == MaskConvention::kKeepQueries ? "keep_queries" : "drop_queries";
-}
+const char* mask_name(MaskConvention m) { return m == MaskConvention::kKeepQueries ? "keep_queries" : "drop_queries"; }
 
 std::string utc_now() {
   std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -148,8 +145,8 @@ void check_layer_shapes(const CompiledLayer& L, const LayerShapes& sh, const h5:
   ASAP_CHECK(s.head_dim >= 1, where, ": head_dim must be >= 1, found ", s.head_dim);
   ASAP_CHECK(s.value_dim >= 0, where, ": value_dim must be >= 0, found ", s.value_dim);
   ASAP_CHECK(s.d_model >= 0, where, ": d_model must be >= 0, found ", s.d_model);
-  ASAP_CHECK(std::isfinite(s.score_scale) && s.score_scale > 0, where, ": score_scale must be a finite number > 0, found ",
-             s.score_scale);
+  ASAP_CHECK(std::isfinite(s.score_scale) && s.score_scale > 0, where,
+             ": score_scale must be a finite number > 0, found ", s.score_scale);
   ASAP_CHECK(std::isfinite(s.eps) && s.eps > 0, where, ": eps must be a finite number > 0, found ", s.eps);
   ASAP_CHECK(s.T >= 2, where, ": T (Sinkhorn budget) must be >= 2, found ", s.T);
   std::string order = s.qkv_order;
@@ -189,16 +186,17 @@ void check_layer_shapes(const CompiledLayer& L, const LayerShapes& sh, const h5:
   const std::vector<int64_t>& coef = *sh.coef;
   ASAP_CHECK(coef.size() == 2 && coef[0] == G && coef[1] == fam.num_columns(), where, ": coef has shape ",
              h5::shape_str(coef), " but per_head = ", L.per_head ? "true" : "false", " and the feature family ",
-             fam.name(), " has ", fam.num_columns(), fam.num_columns() == 1 ? " column" : " columns",
-             ", so expected [", G, ", ", fam.num_columns(), "]");
+             fam.name(), " has ", fam.num_columns(), fam.num_columns() == 1 ? " column" : " columns", ", so expected [",
+             G, ", ", fam.num_columns(), "]");
 
   if (!sh.wq) {
     ASAP_CHECK(!sh.bq && !sh.wk && !sh.bk && !sh.wv && !sh.bv && !sh.wo && !sh.bo, where,
                ": weights are given without weights/wq");
   } else {
     ASAP_CHECK(sh.wk && sh.wv, where, ": weights/wq is given but weights/", sh.wk ? "wv" : "wk", " is missing");
-    ASAP_CHECK(s.d_model >= 1 && s.value_dim >= 1, where, ": a layer with projection weights needs d_model >= 1 and value_dim >= 1, found ",
-               s.d_model, " and ", s.value_dim);
+    ASAP_CHECK(s.d_model >= 1 && s.value_dim >= 1, where,
+               ": a layer with projection weights needs d_model >= 1 and value_dim >= 1, found ", s.d_model, " and ",
+               s.value_dim);
     int64_t hq = 0, hv = 0;
     ASAP_CHECK(h5::mul_ok(s.heads, s.head_dim, &hq) && h5::mul_ok(s.heads, s.value_dim, &hv), where,
                ": heads * head_dim or heads * value_dim overflows 64-bit sizes (heads = ", s.heads,
@@ -431,8 +429,8 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
     ASAP_CHECK(L.family.slices >= 1, where, ": attribute 'features' includes '", kFeatSliced,
                "' but attribute 'slices' is ", L.family.slices, " (expected >= 1)");
   else
-    ASAP_CHECK(L.family.slices == 0, where, ": attribute 'slices' is ", L.family.slices, " but attribute 'features' omits '",
-               kFeatSliced, "'");
+    ASAP_CHECK(L.family.slices == 0, where, ": attribute 'slices' is ", L.family.slices,
+               " but attribute 'features' omits '", kFeatSliced, "'");
   int64_t per_head = I("per_head");
   ASAP_CHECK(per_head == 0 || per_head == 1, where, ": attribute 'per_head' must be 0 or 1, found ", per_head);
   L.per_head = per_head == 1;
@@ -452,9 +450,8 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   std::optional<H5::Group> wg;
   h5::Where ww = w.child("weights");
   LayerWeights& W = L.weights;
-  const std::pair<const char*, at::Tensor*> wfields[] = {{"wq", &W.wq}, {"bq", &W.bq}, {"wk", &W.wk},
-                                                         {"bk", &W.bk}, {"wv", &W.wv}, {"bv", &W.bv},
-                                                         {"wo", &W.wo}, {"bo", &W.bo}};
+  const std::pair<const char*, at::Tensor*> wfields[] = {{"wq", &W.wq}, {"bq", &W.bq}, {"wk", &W.wk}, {"bk", &W.bk},
+                                                         {"wv", &W.wv}, {"bv", &W.bv}, {"wo", &W.wo}, {"bo", &W.bo}};
   Shape* wshapes[] = {&sh.wq, &sh.bq, &sh.wk, &sh.bk, &sh.wv, &sh.bv, &sh.wo, &sh.bo};
   std::vector<std::optional<h5::DatasetInfo>> winfo(8);
   if (h5::has_link(g, "weights")) {
@@ -546,8 +543,7 @@ Artifact read_artifact(const std::string& path) {
   // Group names are decimal layer indices (zero padding optional).
   std::map<int64_t, std::string> by_index;
   for (const std::string& child : h5::list_children(lg, false, lw)) {
-    bool digits = !child.empty() && child.size() <= 9 &&
-                  child.find_first_not_of("0123456789") == std::string::npos;
+    bool digits = !child.empty() && child.size() <= 9 && child.find_first_not_of("0123456789") == std::string::npos;
     ASAP_CHECK(digits && h5::is_group(lg, child), fd, ": '/layers/", child,
                "' is not a layer group (expected groups named by layer index 0..", num_layers - 1, ")");
     int64_t idx = std::stoll(child);
@@ -555,7 +551,8 @@ Artifact read_artifact(const std::string& path) {
     ASAP_CHECK(by_index.emplace(idx, child).second, fd, ": layer index ", idx, " appears twice under '/layers'");
   }
   for (int64_t i = 0; i < num_layers; ++i)
-    ASAP_CHECK(by_index.count(i), fd, ": layer group ", i, " is missing under '/layers' (num_layers = ", num_layers, ")");
+    ASAP_CHECK(by_index.count(i), fd, ": layer group ", i, " is missing under '/layers' (num_layers = ", num_layers,
+               ")");
 
   std::set<std::string> names;
   for (const auto& entry : by_index) {

@@ -29,8 +29,7 @@ struct LayerMeta {
   CalibFile::LayerInfo info;
   // Dataset paths relative to the file root; empty = absent.
   std::string x, q, k, v, mask;
-  at::ScalarType x_dtype = at::kFloat, q_dtype = at::kFloat, k_dtype = at::kFloat,
-                 v_dtype = at::kFloat;
+  at::ScalarType x_dtype = at::kFloat, q_dtype = at::kFloat, k_dtype = at::kFloat, v_dtype = at::kFloat;
 };
 
 std::string file_desc(const std::string& path) { return asap::str("calibration file '", path, "'"); }
@@ -38,16 +37,15 @@ std::string file_desc(const std::string& path) { return asap::str("calibration f
 // float32/float64 datasets keep their precision; anything else is refused.
 at::ScalarType float_dtype(const h5::DatasetInfo& di, const std::string& file, const std::string& layer,
                            const std::string& ds) {
-  ASAP_CHECK(di.cls == H5T_FLOAT && (di.size == 4 || di.size == 8), file, ": layer '", layer,
-             "' dataset '", ds, "' should be float32 or float64, found ", di.type_name());
+  ASAP_CHECK(di.cls == H5T_FLOAT && (di.size == 4 || di.size == 8), file, ": layer '", layer, "' dataset '", ds,
+             "' should be float32 or float64, found ", di.type_name());
   return di.size == 4 ? at::kFloat : at::kDouble;
 }
 
 void check_mask_type(const h5::DatasetInfo& di, const std::string& file, const std::string& obj) {
   ASAP_CHECK(di.cls == H5T_INTEGER || di.cls == H5T_ENUM || di.cls == H5T_FLOAT, file, ": mask '", obj,
              "' should hold 0/1 integers (uint8), found ", di.type_name());
-  ASAP_CHECK(di.shape.size() == 2, file, ": mask '", obj, "' should be [N, n], found shape ",
-             h5::shape_str(di.shape));
+  ASAP_CHECK(di.shape.size() == 2, file, ": mask '", obj, "' should be [N, n], found shape ", h5::shape_str(di.shape));
 }
 
 // Index (within the batch) of the first example holding a NaN/Inf, or -1.
@@ -75,7 +73,7 @@ namespace {
 struct Part {
   explicit Part(const std::string& p, const H5::H5File& f) : path(p), file(f) {}
   std::string path;
-  H5::H5File file;  // kept open for the reader's lifetime
+  H5::H5File file;                 // kept open for the reader's lifetime
   std::vector<std::string> names;  // in file order
   std::map<std::string, LayerMeta> layers;
 };
@@ -88,13 +86,11 @@ std::unique_ptr<Part> open_part(const std::string& path) {
   H5::H5File& f = part->file;
 
   ASAP_CHECK(h5::has_attr(f, "format"), fd,
-             " is not an asapc calibration file: root attribute 'format' is missing (expected '",
-             kCalibFormat, "')");
-  h5::refuse_vlen_root(f, root, "version", kCalibFixedStringsSince, path,
-                       "record it again with tools/record_calib.py");
+             " is not an asapc calibration file: root attribute 'format' is missing (expected '", kCalibFormat, "')");
+  h5::refuse_vlen_root(f, root, "version", kCalibFixedStringsSince, path, "record it again with tools/record_calib.py");
   std::string format = h5::read_string_attr(f, "format", root);
-  ASAP_CHECK(format == kCalibFormat, fd, " is not an asapc calibration file: root attribute 'format' is '",
-             format, "', expected '", kCalibFormat, "'");
+  ASAP_CHECK(format == kCalibFormat, fd, " is not an asapc calibration file: root attribute 'format' is '", format,
+             "', expected '", kCalibFormat, "'");
   int64_t version = h5::read_int_attr(f, "version", root);
   ASAP_CHECK(version >= 1, fd, " has invalid version ", version, " (versions start at 1)");
   ASAP_CHECK(version <= kCalibVersion, fd, " has version ", version, " but this asapc reads versions 1 to ",
@@ -132,8 +128,8 @@ std::unique_ptr<Part> open_part(const std::string& path) {
     ASAP_CHECK(!(hx && (hq || hk || hv)), fd, ": layer '", name,
                "' holds both 'x' and projected 'q'/'k'/'v'; expected either x or q+k");
     ASAP_CHECK(hx || hq || hk, fd, ": layer '", name, "' holds neither 'x' nor 'q'+'k'");
-    ASAP_CHECK(hx || (hq && hk), fd, ": layer '", name, "' has '", hq ? "q" : "k", "' but no '",
-               hq ? "k" : "q", "'; projected layers need both");
+    ASAP_CHECK(hx || (hq && hk), fd, ": layer '", name, "' has '", hq ? "q" : "k", "' but no '", hq ? "k" : "q",
+               "'; projected layers need both");
 
     if (hx) {
       h5::DatasetInfo di = info_of("x");
@@ -169,8 +165,8 @@ std::unique_ptr<Part> open_part(const std::string& path) {
         m.v_dtype = float_dtype(vi, fd, name, "v");
         ASAP_CHECK(vi.shape.size() == 4 && vi.shape[0] == qi.shape[0] && vi.shape[1] == qi.shape[1] &&
                        vi.shape[2] == qi.shape[2] && vi.shape[3] >= 1,
-                   fd, ": layer '", name, "' dataset 'v' should be [N, H, n, dv] = [", qi.shape[0], ", ",
-                   qi.shape[1], ", ", qi.shape[2], ", dv], found shape ", h5::shape_str(vi.shape));
+                   fd, ": layer '", name, "' dataset 'v' should be [N, H, n, dv] = [", qi.shape[0], ", ", qi.shape[1],
+                   ", ", qi.shape[2], ", dv], found shape ", h5::shape_str(vi.shape));
         m.info.has_v = true;
         m.info.value_dim = vi.shape[3];
       }
@@ -181,9 +177,8 @@ std::unique_ptr<Part> open_part(const std::string& path) {
       h5::DatasetInfo mi = info_of("mask");
       m.mask = base + "mask";
       check_mask_type(mi, fd, m.mask);
-      ASAP_CHECK(mi.shape == (std::vector<int64_t>{m.info.N, m.info.n}), fd, ": mask '", m.mask,
-                 "' has shape ", h5::shape_str(mi.shape), " but layer '", name, "' needs [N, n] = [", m.info.N,
-                 ", ", m.info.n, "]");
+      ASAP_CHECK(mi.shape == (std::vector<int64_t>{m.info.N, m.info.n}), fd, ": mask '", m.mask, "' has shape ",
+                 h5::shape_str(mi.shape), " but layer '", name, "' needs [N, n] = [", m.info.N, ", ", m.info.n, "]");
     } else if (root_mask) {
       m.mask = "/mask";
       ASAP_CHECK(root_mask_info.shape == (std::vector<int64_t>{m.info.N, m.info.n}), fd,
@@ -211,8 +206,8 @@ const LayerMeta& find_layer(const std::map<std::string, LayerMeta>& layers, cons
 CalibBatch read_part(const Part& part, const std::string& layer, int64_t start, int64_t count) {
   const LayerMeta& m = find_layer(part.layers, part.names, part.path, layer);
   const std::string fd = file_desc(part.path);
-  ASAP_CHECK(start >= 0 && count >= 0 && start + count <= m.info.N, fd, ": layer '", layer,
-             "': cannot read examples [", start, ", ", start + count, "); the layer has ", m.info.N);
+  ASAP_CHECK(start >= 0 && count >= 0 && start + count <= m.info.N, fd, ": layer '", layer, "': cannot read examples [",
+             start, ", ", start + count, "); the layer has ", m.info.N);
   H5::H5File f = part.file;
   auto load = [&](const std::string& obj, at::ScalarType dtype, const char* field) {
     h5::Where w{fd, obj};
@@ -355,14 +350,11 @@ at::Tensor storable_float(const at::Tensor& t, const std::string& fd, const std:
   return t.to(at::kFloat);
 }
 
-at::Tensor storable_mask(const at::Tensor& m) {
-  return m.scalar_type() == at::kByte ? m : m.to(at::kByte);
-}
+at::Tensor storable_mask(const at::Tensor& m) { return m.scalar_type() == at::kByte ? m : m.to(at::kByte); }
 
 }  // namespace
 
-void write_calib(const std::string& path, const std::vector<CalibLayerData>& layers,
-                 const at::Tensor& shared_mask) {
+void write_calib(const std::string& path, const std::vector<CalibLayerData>& layers, const at::Tensor& shared_mask) {
   const std::string fd = file_desc(path);
   ASAP_CHECK(!layers.empty(), fd, ": nothing to write (no layers)");
   // Structure is checked here so the file is readable; values (NaN, mask
@@ -373,8 +365,7 @@ void write_calib(const std::string& path, const std::vector<CalibLayerData>& lay
                ": layer name '", L.name, "' is not usable as an HDF5 group name (empty, '.', '..' or contains '/')");
     ASAP_CHECK(seen.insert(L.name).second, fd, ": layer '", L.name, "' is given twice");
     const bool hx = L.x.defined(), hqk = L.q.defined() || L.k.defined() || L.v.defined();
-    ASAP_CHECK(hx != hqk, fd, ": layer '", L.name, "' must have either x or q+k (", hx ? "both" : "neither",
-               " given)");
+    ASAP_CHECK(hx != hqk, fd, ": layer '", L.name, "' must have either x or q+k (", hx ? "both" : "neither", " given)");
     int64_t N = 0, n = 0;
     if (hx) {
       ASAP_CHECK(L.x.dim() == 3, fd, ": layer '", L.name, "' x should be [N, n, d_model], found ",

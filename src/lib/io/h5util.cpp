@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -307,15 +307,14 @@ H5::H5File create_file(const std::string& path, const Where& w) {
   return guarded(w, "creating the file", [&] { return H5::H5File(path, H5F_ACC_TRUNC); });
 }
 
-void write_atomically(const std::string& path, const Where& w,
-                      const std::function<void(H5::H5File&)>& fill) {
+void write_atomically(const std::string& path, const Where& w, const std::function<void(H5::H5File&)>& fill) {
   quiet();
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.parent_path();
   std::error_code ec;
-  ASAP_CHECK(dir.empty() || fs::is_directory(dir, ec), w.file, ": cannot write: directory '",
-             dir.string(), "' does not exist");
+  ASAP_CHECK(dir.empty() || fs::is_directory(dir, ec), w.file, ": cannot write: directory '", dir.string(),
+             "' does not exist");
   std::random_device rd;
   char suffix[16];
   std::snprintf(suffix, sizeof suffix, "%08x", static_cast<unsigned>(rd()));
@@ -344,9 +343,7 @@ bool has_link(const H5::Group& g, const std::string& name) {
   return r > 0;
 }
 
-bool has_attr(const H5::H5Object& o, const std::string& name) {
-  return H5Aexists(o.getId(), name.c_str()) > 0;
-}
+bool has_attr(const H5::H5Object& o, const std::string& name) { return H5Aexists(o.getId(), name.c_str()) > 0; }
 
 bool is_vlen_string_attr(const H5::H5Object& o, const std::string& name) {
   if (!has_attr(o, name)) return false;
@@ -386,8 +383,7 @@ std::vector<std::string> list_children(const H5::Group& g, bool groups_only, con
   hid_t gcpl = H5Gget_create_plist(g.getId());
   if (gcpl >= 0) {
     unsigned flags = 0;
-    if (H5Pget_link_creation_order(gcpl, &flags) >= 0 && (flags & H5P_CRT_ORDER_INDEXED))
-      index = H5_INDEX_CRT_ORDER;
+    if (H5Pget_link_creation_order(gcpl, &flags) >= 0 && (flags & H5P_CRT_ORDER_INDEXED)) index = H5_INDEX_CRT_ORDER;
     H5Pclose(gcpl);
   }
   std::vector<std::string> names;
@@ -398,8 +394,7 @@ std::vector<std::string> list_children(const H5::Group& g, bool groups_only, con
     throw Error(asap::str(w.file, ": HDF5 error at '", w.obj, "' while listing its members: ", detail));
   }
   if (groups_only) {
-    names.erase(std::remove_if(names.begin(), names.end(),
-                               [&](const std::string& n) { return !is_group(g, n); }),
+    names.erase(std::remove_if(names.begin(), names.end(), [&](const std::string& n) { return !is_group(g, n); }),
                 names.end());
   }
   return names;
@@ -445,19 +440,18 @@ void refuse_vlen_root(const H5::H5Object& root, const Where& w, const std::strin
 std::string read_string_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
   H5::Attribute a = open_attr(o, name, w);
   return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
-    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
-               " should be a string, found ", attr_type_name(a));
+    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w), " should be a string, found ",
+               attr_type_name(a));
     check_single(a, name, w);
     return read_strings(a, 1, name, w).at(0);
   });
 }
 
-std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name,
-                                               const Where& w) {
+std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name, const Where& w) {
   H5::Attribute a = open_attr(o, name, w);
   return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
-    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w),
-               " should be a list of strings, found ", attr_type_name(a));
+    ASAP_CHECK(a.getTypeClass() == H5T_STRING, w.file, ": ", attr_name(name, w), " should be a list of strings, found ",
+               attr_type_name(a));
     hssize_t n = a.getSpace().getSimpleExtentNpoints();
     if (n <= 0) return std::vector<std::string>{};  // an empty list (e.g. a Sinkhorn layer's features)
     return read_strings(a, static_cast<size_t>(n), name, w);
@@ -472,8 +466,8 @@ int64_t read_int_attr(const H5::H5Object& o, const std::string& name, const Wher
     if (cls == H5T_ENUM) {
       // h5py stores Python bools as an int8 enum {FALSE, TRUE}.
       H5::EnumType et = a.getEnumType();
-      ASAP_CHECK(et.getSize() == 1, w.file, ": ", attr_name(name, w),
-                 " should be an integer, found ", attr_type_name(a));
+      ASAP_CHECK(et.getSize() == 1, w.file, ": ", attr_name(name, w), " should be an integer, found ",
+                 attr_type_name(a));
       int8_t v = 0;
       a.read(et, &v);
       return static_cast<int64_t>(v);
@@ -490,8 +484,8 @@ double read_double_attr(const H5::H5Object& o, const std::string& name, const Wh
   H5::Attribute a = open_attr(o, name, w);
   return guarded(w, asap::str("reading attribute '", name, "'"), [&] {
     H5T_class_t cls = a.getTypeClass();
-    ASAP_CHECK(cls == H5T_FLOAT || cls == H5T_INTEGER, w.file, ": ", attr_name(name, w),
-               " should be a number, found ", attr_type_name(a));
+    ASAP_CHECK(cls == H5T_FLOAT || cls == H5T_INTEGER, w.file, ": ", attr_name(name, w), " should be a number, found ",
+               attr_type_name(a));
     check_single(a, name, w);
     double v = 0;
     a.read(H5::PredType::NATIVE_DOUBLE, &v);
@@ -499,8 +493,7 @@ double read_double_attr(const H5::H5Object& o, const std::string& name, const Wh
   });
 }
 
-void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value,
-                       const Where& w) {
+void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value, const Where& w) {
   guarded(w, asap::str("writing attribute '", name, "'"), [&] {
     remove_attr_if_present(o, name);
     H5::StrType t = fixed_string_type(value.size());
@@ -511,8 +504,8 @@ void write_string_attr(const H5::H5Object& o, const std::string& name, const std
   });
 }
 
-void write_string_list_attr(const H5::H5Object& o, const std::string& name,
-                            const std::vector<std::string>& values, const Where& w) {
+void write_string_list_attr(const H5::H5Object& o, const std::string& name, const std::vector<std::string>& values,
+                            const Where& w) {
   guarded(w, asap::str("writing attribute '", name, "'"), [&] {
     remove_attr_if_present(o, name);
     size_t width = 1;
@@ -534,8 +527,7 @@ void write_int_attr(const H5::H5Object& o, const std::string& name, int64_t valu
   });
 }
 
-void write_double_attr(const H5::H5Object& o, const std::string& name, double value,
-                       const Where& w) {
+void write_double_attr(const H5::H5Object& o, const std::string& name, double value, const Where& w) {
   guarded(w, asap::str("writing attribute '", name, "'"), [&] {
     remove_attr_if_present(o, name);
     H5::Attribute a = o.createAttribute(name, H5::PredType::IEEE_F64LE, H5::DataSpace(H5S_SCALAR));
@@ -588,8 +580,8 @@ DatasetInfo declared_info(const H5::DataSet& ds, const Where& w) {
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     if (rank > 0) sp.getSimpleExtentDims(dims.data());
     for (hsize_t d : dims) {
-      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ",
-                 d, ", which does not fit in 64-bit signed sizes");
+      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ", d,
+                 ", which does not fit in 64-bit signed sizes");
       info.shape.push_back(static_cast<int64_t>(d));
     }
     ASAP_CHECK(numel_ok(info.shape, &info.numel), w.file, ": dataset '", w.obj, "' declares shape ",
@@ -671,8 +663,7 @@ DatasetInfo dataset_info(const H5::DataSet& ds, const Where& w) {
   return info;
 }
 
-at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype,
-                     const Where& w) {
+at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype, const Where& w) {
   return guarded(w, "reading the dataset", [&] {
     H5::DataSpace fspace = ds.getSpace();
     int rank = fspace.getSimpleExtentNdims();
@@ -681,8 +672,8 @@ at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::Sc
 
     std::vector<int64_t> shape;
     for (hsize_t d : dims) {
-      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ",
-                 d, ", which does not fit in 64-bit signed sizes");
+      ASAP_CHECK(d <= static_cast<hsize_t>(INT64_MAX), w.file, ": dataset '", w.obj, "' declares a dimension of ", d,
+                 ", which does not fit in 64-bit signed sizes");
       shape.push_back(static_cast<int64_t>(d));
     }
     if (rank > 0 && count >= 0) {
@@ -708,12 +699,14 @@ at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::Sc
     }
     struct CloseType {
       hid_t id;
-      ~CloseType() { if (id >= 0) H5Tclose(id); }
+      ~CloseType() {
+        if (id >= 0) H5Tclose(id);
+      }
     } close_enum{enum_native};
 
     int64_t bytes = 0;
-    ASAP_CHECK(mul_ok(numel, static_cast<int64_t>(c10::elementSize(read_dtype)), &bytes), w.file, ": dataset '",
-               w.obj, "' declares shape ", shape_str(shape), ", whose size in bytes overflows 64-bit sizes");
+    ASAP_CHECK(mul_ok(numel, static_cast<int64_t>(c10::elementSize(read_dtype)), &bytes), w.file, ": dataset '", w.obj,
+               "' declares shape ", shape_str(shape), ", whose size in bytes overflows 64-bit sizes");
     at::Tensor out;
     try {
       out = at::empty(shape, at::TensorOptions().dtype(read_dtype));
@@ -741,8 +734,8 @@ at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::Sc
   });
 }
 
-void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t,
-                  int64_t chunk_rows, const Where& w) {
+void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t, int64_t chunk_rows,
+                  const Where& w) {
   ASAP_ASSERT(t.defined());
   at::Tensor c = t.cpu();
   if (c.scalar_type() == at::kBool) c = c.to(at::kByte);
@@ -768,8 +761,7 @@ void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor&
   });
 }
 
-void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value,
-                          const Where& w) {
+void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value, const Where& w) {
   guarded(w.child(name), "writing the dataset", [&] {
     H5::StrType t = fixed_string_type(value.size());
     H5::DataSet ds = g.createDataSet(name, t, H5::DataSpace(H5S_SCALAR));
@@ -783,8 +775,8 @@ std::string read_string_dataset(const H5::Group& g, const std::string& name, con
   H5::DataSet ds = open_dataset(g, name, w);
   Where cw = w.child(name);
   return guarded(cw, "reading the dataset", [&] {
-    ASAP_CHECK(ds.getTypeClass() == H5T_STRING, w.file, ": dataset '", cw.obj,
-               "' should hold a string, found ", class_name(ds.getTypeClass(), ds.getDataType().getSize()));
+    ASAP_CHECK(ds.getTypeClass() == H5T_STRING, w.file, ": dataset '", cw.obj, "' should hold a string, found ",
+               class_name(ds.getTypeClass(), ds.getDataType().getSize()));
     hssize_t n = ds.getSpace().getSimpleExtentNpoints();
     ASAP_CHECK(n == 1, w.file, ": dataset '", cw.obj, "' should hold one string, found ", n);
     H5::StrType st = ds.getStrType();

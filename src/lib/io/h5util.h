@@ -56,8 +56,7 @@ H5::H5File create_file(const std::string& path, const Where& w);
 // closes it and renames it to PATH, so readers never see a half-written file.
 // On any exception the temporary file is removed and the exception propagates.
 // `fill` must not keep HDF5 objects alive past its return.
-void write_atomically(const std::string& path, const Where& w,
-                      const std::function<void(H5::H5File&)>& fill);
+void write_atomically(const std::string& path, const Where& w, const std::function<void(H5::H5File&)>& fill);
 
 // ---- structure -------------------------------------------------------------
 bool has_link(const H5::Group& g, const std::string& name);
@@ -70,9 +69,7 @@ bool is_dataset(const H5::Group& g, const std::string& name);  // link exists an
 // Names of the direct children of g, in creation order when g tracks it,
 // else in name order; `groups_only` filters to groups.
 std::vector<std::string> list_children(const H5::Group& g, bool groups_only, const Where& w);
-inline std::vector<std::string> list_groups(const H5::Group& g, const Where& w) {
-  return list_children(g, true, w);
-}
+inline std::vector<std::string> list_groups(const H5::Group& g, const Where& w) { return list_children(g, true, w); }
 // Creates a group that tracks link creation order (so listings keep the
 // writer's order).
 H5::Group create_group(const H5::Group& parent, const std::string& name, const Where& w);
@@ -92,8 +89,7 @@ void refuse_vlen_root(const H5::H5Object& root, const Where& w, const std::strin
 // the global heap and crashes, hangs or allocates gigabytes when that heap is
 // damaged (docs/reliability.md, H2-H4; docs/decisions.md).
 std::string read_string_attr(const H5::H5Object& o, const std::string& name, const Where& w);
-std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name,
-                                               const Where& w);
+std::vector<std::string> read_string_list_attr(const H5::H5Object& o, const std::string& name, const Where& w);
 int64_t read_int_attr(const H5::H5Object& o, const std::string& name, const Where& w);
 double read_double_attr(const H5::H5Object& o, const std::string& name, const Where& w);
 
@@ -101,21 +97,19 @@ double read_double_attr(const H5::H5Object& o, const std::string& name, const Wh
 // fixed-length UTF-8, NUL-padded, as wide as the string (at least 1 byte; a
 // list is as wide as its longest entry): h5py reads them as bytes, and
 // `attrs[k] = np.bytes_(s.encode())` writes the same form.
-void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value,
-                       const Where& w);
-void write_string_list_attr(const H5::H5Object& o, const std::string& name,
-                            const std::vector<std::string>& values, const Where& w);
+void write_string_attr(const H5::H5Object& o, const std::string& name, const std::string& value, const Where& w);
+void write_string_list_attr(const H5::H5Object& o, const std::string& name, const std::vector<std::string>& values,
+                            const Where& w);
 void write_int_attr(const H5::H5Object& o, const std::string& name, int64_t value, const Where& w);
-void write_double_attr(const H5::H5Object& o, const std::string& name, double value,
-                       const Where& w);
+void write_double_attr(const H5::H5Object& o, const std::string& name, double value, const Where& w);
 
 // ---- datasets ------------------------------------------------------------------
 struct DatasetInfo {
   std::vector<int64_t> shape;
   H5T_class_t cls = H5T_NO_CLASS;
-  size_t size = 0;  // bytes per element in the file
-  bool is_signed = true;  // integers only
-  int64_t numel = 0;  // product of shape (checked: never overflows)
+  size_t size = 0;                // bytes per element in the file
+  bool is_signed = true;          // integers only
+  int64_t numel = 0;              // product of shape (checked: never overflows)
   std::string type_name() const;  // "float32", "int64", "uint8", "string", ...
 };
 H5::DataSet open_dataset(const H5::Group& g, const std::string& name, const Where& w);
@@ -143,8 +137,7 @@ void check_stored(const H5::DataSet& ds, const DatasetInfo& info, const Where& w
 // Reads rows [start, start+count) along dim 0 (the whole dataset when
 // count < 0), converted by HDF5 to `dtype` (float32, float64, uint8, int64,
 // ...). Integer and enum (h5py bool) data convert to any numeric dtype.
-at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype,
-                     const Where& w);
+at::Tensor read_slab(const H5::DataSet& ds, int64_t start, int64_t count, at::ScalarType dtype, const Where& w);
 inline at::Tensor read_all(const H5::DataSet& ds, at::ScalarType dtype, const Where& w) {
   return read_slab(ds, 0, -1, dtype, w);
 }
@@ -152,13 +145,11 @@ inline at::Tensor read_all(const H5::DataSet& ds, at::ScalarType dtype, const Wh
 // Writes a CPU tensor (float32/float64/uint8/bool/int64; bool is stored as
 // uint8) as dataset `name`. chunk_rows > 0 chunks along dim 0 in blocks of
 // that many rows, which is what streaming readers want.
-void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t,
-                  int64_t chunk_rows, const Where& w);
+void write_tensor(const H5::Group& g, const std::string& name, const at::Tensor& t, int64_t chunk_rows, const Where& w);
 
 // Scalar fixed-length string dataset (for text too large for an attribute);
 // the reader refuses a variable-length one, like the attribute readers.
-void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value,
-                          const Where& w);
+void write_string_dataset(const H5::Group& g, const std::string& name, const std::string& value, const Where& w);
 std::string read_string_dataset(const H5::Group& g, const std::string& name, const Where& w);
 
 // "[2, 3, 4]"

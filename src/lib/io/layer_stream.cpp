@@ -16,21 +16,24 @@ LayerStream::LayerStream(const CalibFile& calib, const LayerSpec& spec, const Ch
     if (!ck.has(name)) continue;
     const auto& pe = ck.tensors.at(name);
     if (pe.dim() == 3 && pe.size(0) == 1 && pe.size(2) == spec.d_model)
-      ASAP_CHECK(pe.size(1) == n_, "calibration file '", calib.path(), "': layer '", spec.name, "' has sequences of n = ",
-                 n_, " tokens but checkpoint '", ck.path, "' tensor '", name, "' is ", pe.sizes(), " (n = ",
-                 pe.size(1), ")");
+      ASAP_CHECK(pe.size(1) == n_, "calibration file '", calib.path(), "': layer '", spec.name,
+                 "' has sequences of n = ", n_, " tokens but checkpoint '", ck.path, "' tensor '", name, "' is ",
+                 pe.sizes(), " (n = ", pe.size(1), ")");
   }
 }
 
 LayerStream::LayerStream(const CalibFile& calib, const LayerSpec& spec, LayerWeights weights, bool float64,
                          int64_t max_examples)
     : calib_(calib), spec_(spec), w_(std::move(weights)), float64_(float64) {
-  ASAP_CHECK(calib.has_layer(spec.name), "calibration file '", calib.path(), "' has no layer '", spec.name,
-             "' (teacher spec layers must be recorded; the file has: ", [&] {
-               std::string s;
-               for (const auto& n : calib.layer_names()) s += (s.empty() ? "'" : ", '") + n + "'";
-               return s.empty() ? std::string("none") : s;
-             }(), ")");
+  ASAP_CHECK(
+      calib.has_layer(spec.name), "calibration file '", calib.path(), "' has no layer '", spec.name,
+      "' (teacher spec layers must be recorded; the file has: ",
+      [&] {
+        std::string s;
+        for (const auto& n : calib.layer_names()) s += (s.empty() ? "'" : ", '") + n + "'";
+        return s.empty() ? std::string("none") : s;
+      }(),
+      ")");
   info_ = calib.info(spec.name);
   N_ = info_.N;
   if (max_examples > 0) N_ = std::min(N_, max_examples);
@@ -46,7 +49,8 @@ void LayerStream::check_info() {
                " heads x ", info_.head_dim, " dims but the teacher spec says ", spec_.heads, " x ", spec_.head_dim);
     ASAP_CHECK(info_.has_v, where, " has projected q and k but no v: values are needed for head outputs");
   } else {
-    ASAP_CHECK(w_.defined(), where, " holds activations x, but the teacher spec layer has layout 'none' "
+    ASAP_CHECK(w_.defined(), where,
+               " holds activations x, but the teacher spec layer has layout 'none' "
                "(no projection weights): record per-head q, k, v instead");
     ASAP_CHECK(info_.d_model == spec_.d_model, where, " has activations of width d_model = ", info_.d_model,
                " but the checkpoint's projections expect ", spec_.d_model);

@@ -130,10 +130,10 @@ void slice_potential(const T* x, const T* y, const bool* key_active, const bool*
 
 }  // namespace
 
-at::Tensor sliced_potentials(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m,
-                             const at::Tensor& theta, int64_t L, double scale) {
-  ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1),
-             "slice bank: expected [", q.size(-1), ", L], found ", theta.sizes());
+at::Tensor sliced_potentials(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m, const at::Tensor& theta,
+                             int64_t L, double scale) {
+  ASAP_CHECK(theta.dim() == 2 && theta.size(0) == q.size(-1), "slice bank: expected [", q.size(-1), ", L], found ",
+             theta.sizes());
   ASAP_CHECK(L >= 1 && L <= theta.size(1), "slice count ", L, " outside the bank's 1..", theta.size(1));
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2);
   auto th = theta.slice(1, 0, L).to(q.scalar_type()).to(q.device()) * std::sqrt(scale);
@@ -154,17 +154,15 @@ at::Tensor sliced_potentials(const at::Tensor& q, const at::Tensor& k, const Log
       std::vector<double> xs, ys, u;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / (H * L);
-        slice_potential<scalar_t>(xp + t * n, yp + t * n, ka + b * n, ra + b * n, n, ix, iy, xs, ys, u,
-                                  op + t * n, 1);
+        slice_potential<scalar_t>(xp + t * n, yp + t * n, ka + b * n, ra + b * n, n, ix, iy, xs, ys, u, op + t * n, 1);
       }
     });
   });
   return out.transpose(-1, -2).to(q.device());  // [B, H, n, L]
 }
 
-at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m,
-                          const at::Tensor& theta, const FeatureFamily& family, double scale, double eps,
-                          const at::Tensor& S) {
+at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMarginals& m, const at::Tensor& theta,
+                          const FeatureFamily& family, double scale, double eps, const at::Tensor& S) {
   ASAP_CHECK(family.num_columns() >= 1, "feature family has no columns");
   std::vector<at::Tensor> cols;
   if (family.slices > 0) cols.push_back(sliced_potentials(q, k, m, theta, family.slices, scale));

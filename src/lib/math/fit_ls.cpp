@@ -31,8 +31,8 @@ void LsStats::add(const LsStats& o) {
 }
 
 void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, const at::Tensor& row_active) {
-  ASAP_CHECK(Psi.dim() == 4 && target.dim() == 3 && Psi.size(0) == target.size(0) &&
-                 Psi.size(1) == target.size(1) && Psi.size(2) == target.size(2),
+  ASAP_CHECK(Psi.dim() == 4 && target.dim() == 3 && Psi.size(0) == target.size(0) && Psi.size(1) == target.size(1) &&
+                 Psi.size(2) == target.size(2),
              "LS statistics: features ", Psi.sizes(), " do not match targets ", target.sizes());
   const int64_t B = Psi.size(0), H = Psi.size(1), n = Psi.size(2), P = Psi.size(3);
   auto w = row_active.expand({B, H, n}).to(at::kDouble);  // 1 on rows that carry mass
@@ -138,8 +138,8 @@ at::Tensor solve_ls(const LsStats& s, const std::vector<int64_t>& cols, bool per
 
 double ls_mse(const LsStats& s, const std::vector<int64_t>& cols, const at::Tensor& coef) {
   const int64_t H = s.G.size(0), P = static_cast<int64_t>(cols.size());
-  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H),
-             "coefficients of shape ", coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
+  ASAP_CHECK(coef.dim() == 2 && coef.size(1) == P && (coef.size(0) == 1 || coef.size(0) == H), "coefficients of shape ",
+             coef.sizes(), " do not fit ", P, " columns and ", H, " heads");
   double num = 0, rows = 0;
   for (int64_t g = 0; g < H; ++g) {
     Mat G;
@@ -169,8 +169,8 @@ double ls_mse_tie(const LsStats& heldout) {
   return rows > 0 ? 1e-9 * std::abs(heldout.c.sum().item<double>()) / rows : 0;
 }
 
-RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols,
-                         bool per_head, const std::vector<double>& grid) {
+RidgeChoice choose_ridge(const LsStats& train, const LsStats& heldout, const std::vector<int64_t>& cols, bool per_head,
+                         const std::vector<double>& grid) {
   ASAP_CHECK(!grid.empty(), "ridge grid is empty");
   RidgeChoice best;
   double low = std::numeric_limits<double>::infinity();

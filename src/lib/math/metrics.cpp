@@ -74,17 +74,20 @@ FidelityMetrics MetricsAccumulator::result() const {
 namespace asap {
 
 void MetricsAccumulator::append_sums(std::vector<double>& out) const {
-  for (double x : {rel_sum_, kl_sum_, kl_floor_sum_, zero_entries_, support_entries_, row_sum_, col_sum_, rows_, cols_, static_cast<double>(terms_), o_sq_, o_count_,
-                   y_sq_, y_count_, d_sq_, d_count_})
+  for (double x : {rel_sum_, kl_sum_, kl_floor_sum_, zero_entries_, support_entries_, row_sum_, col_sum_, rows_, cols_,
+                   static_cast<double>(terms_), o_sq_, o_count_, y_sq_, y_count_, d_sq_, d_count_})
     out.push_back(x);
 }
 
 void MetricsAccumulator::load_sums(const std::vector<double>& in, size_t& o) {
-  double* fields[] = {&rel_sum_, &kl_sum_, &kl_floor_sum_, &zero_entries_, &support_entries_, &row_sum_, &col_sum_, &rows_, &cols_, nullptr, &o_sq_, &o_count_,
-                      &y_sq_, &y_count_, &d_sq_, &d_count_};
+  double* fields[] = {&rel_sum_, &kl_sum_, &kl_floor_sum_, &zero_entries_, &support_entries_, &row_sum_, &col_sum_,
+                      &rows_,    &cols_,   nullptr,        &o_sq_,         &o_count_,         &y_sq_,    &y_count_,
+                      &d_sq_,    &d_count_};
   for (double* f : fields) {
-    if (f) *f = in.at(o);
-    else terms_ = static_cast<int64_t>(in.at(o));
+    if (f)
+      *f = in.at(o);
+    else
+      terms_ = static_cast<int64_t>(in.at(o));
     ++o;
   }
 }

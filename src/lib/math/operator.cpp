@@ -38,8 +38,8 @@ void for_each_closure(const at::Tensor& S, const at::Tensor& f_hat, const LogMar
   }
 }
 
-ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v,
-                           const LogMarginals& m, const Convention& c, int k, bool want_attention) {
+ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const at::Tensor& v, const LogMarginals& m,
+                           const Convention& c, int k, bool want_attention) {
   ClosureResult r;
   for_each_closure(S, f_hat, m, c.eps, k, [&](int t, const at::Tensor& f, const at::Tensor& g) {
     if (t == k) r.f = f, r.g = g;
@@ -50,8 +50,8 @@ ClosureResult run_closures(const at::Tensor& S, const at::Tensor& f_hat, const a
   return r;
 }
 
-LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k,
-                                const at::Tensor& v, const at::Tensor& key_mask, const RunOptions& opt) {
+LayerOutput run_layer_reference(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& key_mask, const RunOptions& opt) {
   const LayerSpec& s = L.spec;
   detail::check_layer_inputs(L, q, k, v);
   if (L.kind != OperatorKind::kAsap) {

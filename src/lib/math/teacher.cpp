@@ -77,12 +77,11 @@ at::Tensor center_rows(const at::Tensor& x, const LogMarginals& m, double fill) 
 }
 
 TeacherResult run_teacher_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention) {
+                                    const at::Tensor& key_mask, double scale, int T, const Convention& c,
+                                    bool want_attention) {
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
   ASAP_CHECK(q.dim() == 4 && k.dim() == 4 && q.sizes() == k.sizes(),
-             "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ",
-             k.sizes());
+             "teacher: q and k must both be [B, H, n, d] with equal shapes, found ", q.sizes(), " and ", k.sizes());
   ASAP_CHECK(c.eps > 0, "entropy eps must be positive, found ", c.eps);
   const int64_t B = q.size(0), n = q.size(2);
   auto m = log_marginals(key_mask, B, n, c.drop_padded_queries, q.scalar_type(), q.device());

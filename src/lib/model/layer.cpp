@@ -20,9 +20,7 @@ at::Tensor to_head_major(const at::Tensor& t, const LayerSpec& s, int64_t per_he
   return t.reshape(shape).transpose(0, 1).reshape(t.sizes()).contiguous();
 }
 
-at::Tensor get_opt(const Checkpoint& ck, const std::string& name) {
-  return name.empty() ? at::Tensor() : ck.get(name);
-}
+at::Tensor get_opt(const Checkpoint& ck, const std::string& name) { return name.empty() ? at::Tensor() : ck.get(name); }
 
 }  // namespace
 
@@ -70,8 +68,8 @@ LayerWeights load_layer_weights(const LayerSpec& s, const Checkpoint& ck) {
 
 QKV project_qkv(const LayerSpec& s, const LayerWeights& w, const at::Tensor& x) {
   ASAP_CHECK(w.defined(), "layer '", s.name, "' has no projection weights: give per-head q, k, v instead of x");
-  ASAP_CHECK(x.dim() == 3 && x.size(2) == s.d_model, "layer '", s.name, "': activations must be [B, n, ",
-             s.d_model, "], found ", x.sizes());
+  ASAP_CHECK(x.dim() == 3 && x.size(2) == s.d_model, "layer '", s.name, "': activations must be [B, n, ", s.d_model,
+             "], found ", x.sizes());
   auto split = [&](const at::Tensor& W, const at::Tensor& b, int64_t per_head) {
     auto y = at::linear(x, W.to(x.scalar_type()), b.defined() ? b.to(x.scalar_type()) : at::Tensor());
     return y.view({x.size(0), x.size(1), s.heads, per_head}).transpose(1, 2).contiguous();

@@ -18,10 +18,9 @@ namespace detail {
 
 void check_layer_inputs(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const LayerSpec& s = L.spec;
-  ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name,
-             "': q must be [B, ", s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
-  ASAP_CHECK(k.sizes() == q.sizes(), "layer '", s.name, "': k must have q's shape ", q.sizes(), ", found ",
-             k.sizes());
+  ASAP_CHECK(q.dim() == 4 && q.size(1) == s.heads && q.size(3) == s.head_dim, "layer '", s.name, "': q must be [B, ",
+             s.heads, ", n, ", s.head_dim, "], found ", q.sizes());
+  ASAP_CHECK(k.sizes() == q.sizes(), "layer '", s.name, "': k must have q's shape ", q.sizes(), ", found ", k.sizes());
   ASAP_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == s.heads && v.size(2) == q.size(2), "layer '",
              s.name, "': v must be [", q.size(0), ", ", s.heads, ", ", q.size(2), ", dv], found ", v.sizes());
 }

@@ -26,9 +26,12 @@ namespace {
 
 const char* layout_str(ProjLayout l) {
   switch (l) {
-    case ProjLayout::kFused: return "fused";
-    case ProjLayout::kSeparate: return "separate";
-    case ProjLayout::kNone: return "none";
+    case ProjLayout::kFused:
+      return "fused";
+    case ProjLayout::kSeparate:
+      return "separate";
+    case ProjLayout::kNone:
+      return "none";
   }
   return "?";
 }
@@ -49,21 +52,21 @@ struct Reader {
   }
   std::string string(const json& o, const char* key) const {
     const json& v = need(o, key);
-    ASAP_CHECK(v.is_string(), "teacher spec '", source, "': ", where, " field '", key,
-               "' must be a string, found ", v.dump());
+    ASAP_CHECK(v.is_string(), "teacher spec '", source, "': ", where, " field '", key, "' must be a string, found ",
+               v.dump());
     return v.get<std::string>();
   }
   int64_t integer(const json& o, const char* key, int64_t min) const {
     const json& v = need(o, key);
-    ASAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= min, "teacher spec '", source, "': ", where,
-               " field '", key, "' must be an integer >= ", min, ", found ", v.dump());
+    ASAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= min, "teacher spec '", source, "': ", where, " field '",
+               key, "' must be an integer >= ", min, ", found ", v.dump());
     return v.get<int64_t>();
   }
   double number(const json& o, const char* key, bool positive) const {
     const json& v = need(o, key);
-    ASAP_CHECK(v.is_number() && std::isfinite(v.get<double>()) && (!positive || v.get<double>() > 0),
-               "teacher spec '", source, "': ", where, " field '", key, "' must be a ",
-               positive ? "positive " : "", "finite number, found ", v.dump());
+    ASAP_CHECK(v.is_number() && std::isfinite(v.get<double>()) && (!positive || v.get<double>() > 0), "teacher spec '",
+               source, "': ", where, " field '", key, "' must be a ", positive ? "positive " : "",
+               "finite number, found ", v.dump());
     return v.get<double>();
   }
   LinearNames linear(const json& o, const char* key, bool optional) const {
@@ -115,8 +118,8 @@ TeacherSpec spec_from_json(const json& j, const std::string& source) {
   Reader top{source, "the top level"};
   ASAP_CHECK(j.is_object(), "teacher spec '", source, "': expected a JSON object, found ", j.type_name());
   const std::string fmt = top.string(j, "format");
-  ASAP_CHECK(fmt == kSpecFormat, "teacher spec '", source, "': field 'format' must be \"", kSpecFormat,
-             "\", found \"", fmt, "\"");
+  ASAP_CHECK(fmt == kSpecFormat, "teacher spec '", source, "': field 'format' must be \"", kSpecFormat, "\", found \"",
+             fmt, "\"");
   const int64_t ver = top.integer(j, "version", 0);
   ASAP_CHECK(ver >= 1 && ver <= kSpecVersion, "teacher spec '", source, "' has version ", ver,
              " but this asapc reads versions 1 to ", kSpecVersion);
@@ -132,10 +135,9 @@ TeacherSpec spec_from_json(const json& j, const std::string& source) {
     LayerSpec l;
     l.name = r.string(o, "name");
     r.where = str("layer ", i, " ('", l.name, "')");
-    ASAP_CHECK(!l.name.empty() && l.name.find('/') == std::string::npos, "teacher spec '", source, "': ",
-               r.where, " field 'name' must be a non-empty module path without '/'");
-    ASAP_CHECK(spec.find(l.name) == nullptr, "teacher spec '", source, "': layer name '", l.name,
-               "' appears twice");
+    ASAP_CHECK(!l.name.empty() && l.name.find('/') == std::string::npos, "teacher spec '", source, "': ", r.where,
+               " field 'name' must be a non-empty module path without '/'");
+    ASAP_CHECK(spec.find(l.name) == nullptr, "teacher spec '", source, "': layer name '", l.name, "' appears twice");
     const std::string layout = r.string(o, "layout");
     if (layout == "fused") {
       l.layout = ProjLayout::kFused;
@@ -208,8 +210,8 @@ namespace {
 
 void check_tensor(const Checkpoint& ck, const std::string& spec_path, const LayerSpec& l, const char* field,
                   const std::string& name, std::vector<int64_t> shape) {
-  ASAP_CHECK(ck.has(name), "teacher spec '", spec_path, "': layer '", l.name, "' field '", field,
-             "' names tensor '", name, "', which checkpoint '", ck.path, "' does not contain");
+  ASAP_CHECK(ck.has(name), "teacher spec '", spec_path, "': layer '", l.name, "' field '", field, "' names tensor '",
+             name, "', which checkpoint '", ck.path, "' does not contain");
   const auto& t = ck.tensors.at(name);
   ASAP_CHECK(t.sizes().vec() == shape, "teacher spec '", spec_path, "': layer '", l.name, "' field '", field,
              "': tensor '", name, "' has shape ", t.sizes(), " but the spec implies ", at::IntArrayRef(shape));
@@ -228,8 +230,8 @@ void validate_spec(const TeacherSpec& spec, const Checkpoint& ck, const std::str
                  "' does not contain");
       const auto& w = ck.tensors.at(l.qkv.weight);
       ASAP_CHECK(w.dim() == 2 && w.size(0) % 3 == 0, "teacher spec '", spec_path, "': layer '", l.name,
-                 "': fused qkv weight '", l.qkv.weight, "' must be [3*heads*head_dim, d_model] with rows divisible by 3, found ",
-                 w.sizes());
+                 "': fused qkv weight '", l.qkv.weight,
+                 "' must be [3*heads*head_dim, d_model] with rows divisible by 3, found ", w.sizes());
       ASAP_CHECK(hq == hv, "teacher spec '", spec_path, "': layer '", l.name,
                  "': a fused qkv layout needs value_dim == head_dim, found ", l.value_dim, " and ", l.head_dim);
       check_tensor(ck, spec_path, l, "qkv.weight", l.qkv.weight, {3 * hq, l.d_model});

@@ -26,8 +26,8 @@ struct Pattern {
 };
 
 // Fills the geometry of a layer from its query weight rows and the options.
-void fill_geometry(LayerSpec& l, int64_t q_rows, int64_t d_model, const DetectOptions& opt,
-                   DetectedLayers& out, bool head_count_unknowable) {
+void fill_geometry(LayerSpec& l, int64_t q_rows, int64_t d_model, const DetectOptions& opt, DetectedLayers& out,
+                   bool head_count_unknowable) {
   l.d_model = d_model;
   if (opt.heads > 0) {
     ASAP_CHECK(q_rows % opt.heads == 0, "--heads ", opt.heads, " does not divide the query width ", q_rows,

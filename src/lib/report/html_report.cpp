@@ -171,8 +171,8 @@ struct Compared {
 // ---- the per-layer verdict --------------------------------------------------
 
 struct Verdict {
-  int answer = -1;  // 1: ASAP closer at equal latency (or passes when untimed), 0: not, -1: cannot tell
-  std::string sentence;   // HTML
+  int answer = -1;                 // 1: ASAP closer at equal latency (or passes when untimed), 0: not, -1: cannot tell
+  std::string sentence;            // HTML
   const Op* at_latency = nullptr;  // best Sinkhorn (the teacher included) no slower than the default ASAP
   const Op* at_passes = nullptr;   // Sinkhorn with the same LSE passes
 };
@@ -196,31 +196,35 @@ Verdict verdict_of(const Layer& L) {
     // The layer stores a zero-parameter operator: compile found no ASAP map
     // that met its objective on the compiling machine (its decision says why).
     std::string s = name + "the layer stores " + d.label() + " (" + itos(d.passes) +
-                    " LSE passes): compile found no ASAP map that met its objective there; attention error " + fmt(d.err);
+                    " LSE passes): compile found no ASAP map that met its objective there; attention error " +
+                    fmt(d.err);
     const Op* t = L.teacher();
-    if (d.timed() && t && t->timed() && d.kind != "teacher") s += ", " + ratio(t->lat / d.lat) + " faster than the teacher";
+    if (d.timed() && t && t->timed() && d.kind != "teacher")
+      s += ", " + ratio(t->lat / d.lat) + " faster than the teacher";
     v.sentence = s + ".";
     return v;
   }
-  std::string s = name + "the default ASAP (k=" + itos(d.steps) + ", " + itos(d.passes) + " LSE passes) has attention error " +
-                  fmt(d.err);
+  std::string s = name + "the default ASAP (k=" + itos(d.steps) + ", " + itos(d.passes) +
+                  " LSE passes) has attention error " + fmt(d.err);
   for (const Op* o : L.sink())
     if (o->passes == d.passes && good(o->err)) v.at_passes = o;
   if (d.timed()) {
     s += " at " + svg::fmt_seconds(d.lat);
     const Op* t = L.teacher();
     for (const Op* o : L.sink())
-      if (o->timed() && o->lat <= d.lat && good(o->err) && (!v.at_latency || o->err < v.at_latency->err)) v.at_latency = o;
+      if (o->timed() && o->lat <= d.lat && good(o->err) && (!v.at_latency || o->err < v.at_latency->err))
+        v.at_latency = o;
     if (t && t->timed() && t->lat <= d.lat) {
       // Full Sinkhorn is itself no slower: at this latency the exact answer is available.
       v.at_latency = t;
       v.answer = 0;
-      s += "; but the teacher itself (T=" + itos(t->steps) + ", exact) runs no slower, at " +
-           svg::fmt_seconds(t->lat) + ", so at this latency there is nothing to gain by approximating";
+      s += "; but the teacher itself (T=" + itos(t->steps) + ", exact) runs no slower, at " + svg::fmt_seconds(t->lat) +
+           ", so at this latency there is nothing to gain by approximating";
     } else if (v.at_latency) {
       v.answer = d.err < v.at_latency->err ? 1 : 0;
-      s += "; it is " + closer(d.err, v.at_latency->err) + " the best Sinkhorn that is no slower (T\xE2\x80\xB2=" +
-           itos(v.at_latency->steps) + ", " + fmt(v.at_latency->err) + " at " + svg::fmt_seconds(v.at_latency->lat) + ")";
+      s += "; it is " + closer(d.err, v.at_latency->err) +
+           " the best Sinkhorn that is no slower (T\xE2\x80\xB2=" + itos(v.at_latency->steps) + ", " +
+           fmt(v.at_latency->err) + " at " + svg::fmt_seconds(v.at_latency->lat) + ")";
     } else {
       bool any = false;
       for (const Op* o : L.sink()) any = any || o->timed();
@@ -267,8 +271,9 @@ std::vector<std::string> timing_notes(const Layer& L) {
     prev = o;
   }
   if (non_monotone)
-    notes.push_back("Sinkhorn latencies do not grow with T\xE2\x80\xB2 here, which suggests timing noise (a busy "
-                    "machine, or too few repeats).");
+    notes.push_back(
+        "Sinkhorn latencies do not grow with T\xE2\x80\xB2 here, which suggests timing noise (a busy "
+        "machine, or too few repeats).");
   const Op* t = L.teacher();
   if (prev && t && t->timed() && prev->passes > 0 && t->passes > 0) {
     const double per_pass = (t->lat / t->passes) / (prev->lat / prev->passes);
@@ -322,8 +327,8 @@ std::string pareto_plot(const Layer& L, const std::vector<Compared>& cmp, std::s
       if (a->err > 0) ys.push_back(a->err);
     }
   }
-  svg::Axis ax = svg::auto_axis(xs, timed, timed ? "latency per batch (ms, log scale)"
-                                                 : "log-sum-exp passes (latency not timed)");
+  svg::Axis ax =
+      svg::auto_axis(xs, timed, timed ? "latency per batch (ms, log scale)" : "log-sum-exp passes (latency not timed)");
   if (!timed) {
     ax.integer_ticks = true;
     ax.lo = std::min(ax.lo, 0.5);
@@ -342,8 +347,8 @@ std::string pareto_plot(const Layer& L, const std::vector<Compared>& cmp, std::s
     p.bar(ax.lo, X(*L.def()), p_y.lo, p_y.hi, "rgba(37,99,235,0.07)",
           timed ? "operators in the shaded region run no slower than the default ASAP"
                 : "operators in the shaded region use no more passes than the default ASAP");
-    legend.push_back({timed ? "no slower than default ASAP" : "no more passes than default ASAP",
-                      "rgba(37,99,235,0.16)", "bar"});
+    legend.push_back(
+        {timed ? "no slower than default ASAP" : "no more passes than default ASAP", "rgba(37,99,235,0.16)", "bar"});
     p.legend(legend);
   }
   if (L.teacher())
@@ -390,7 +395,8 @@ std::string pareto_plot(const Layer& L, const std::vector<Compared>& cmp, std::s
               std::string(timed ? "latency" : "pass count") + ". Hollow markers end on the " + other +
               " marginal while the teacher ends on the " + (L.ending.empty() ? "other" : L.ending) +
               " one; their error shows the parity zig-zag.";
-  return p.build("Pareto plot of attention error against " + std::string(timed ? "latency" : "passes") + " for " + L.name);
+  return p.build("Pareto plot of attention error against " + std::string(timed ? "latency" : "passes") + " for " +
+                 L.name);
 }
 
 std::string scatter_plot(const Layer& L, std::string* caption) {
@@ -437,7 +443,8 @@ std::string scatter_plot(const Layer& L, std::string* caption) {
         (std::isfinite(r) ? " and correlation " + fmt(r) : "") +
         ". Points on the dashed diagonal are predicted exactly; the closures correct what remains.";
   } else {
-    c = "No predicted/teacher dual sample in this JSON" + (rmse >= 0 ? "; dual RMSE " + fmt(rmse) : std::string()) + ".";
+    c = "No predicted/teacher dual sample in this JSON" + (rmse >= 0 ? "; dual RMSE " + fmt(rmse) : std::string()) +
+        ".";
   }
   *caption = c;
   return p.build("Predicted against teacher dual potentials for " + L.name);
@@ -467,7 +474,8 @@ std::string closures_plot(const Layer& L) {
   svg::Axis ax = svg::auto_axis(xs, false, "log-sum-exp passes", 0.06);
   ax.integer_ticks = true;
   svg::Plot p(520, 280, ax, svg::auto_axis(ys, true, "attention error"));
-  std::vector<svg::LegendItem> legend{{"Sinkhorn T\xE2\x80\xB2", kSink, "line+marker"}, {"ASAP k", kAsap, "line+marker", "diamond"}};
+  std::vector<svg::LegendItem> legend{{"Sinkhorn T\xE2\x80\xB2", kSink, "line+marker"},
+                                      {"ASAP k", kAsap, "line+marker", "diamond"}};
   if (!he.empty()) legend.push_back({"compile held-out", kHeldout, "dashed"});
   p.legend(legend);
   if (L.teacher()) p.vline(L.teacher()->passes, kTeacher, "teacher");
@@ -534,8 +542,7 @@ std::string speedup_cell(double teacher_s, double op_s) {
 
 std::string cell(double v, bool tiny_is_zero = false) {
   if (!good(v)) return "<td class=\"num na\">\xE2\x80\x93</td>";
-  if (tiny_is_zero && v < 1e-5)
-    return "<td class=\"num zero\" title=\"" + esc(fmt(v)) + "\">\xE2\x89\x88" + "0</td>";
+  if (tiny_is_zero && v < 1e-5) return "<td class=\"num zero\" title=\"" + esc(fmt(v)) + "\">\xE2\x89\x88" + "0</td>";
   return "<td class=\"num\">" + esc(fmt(v)) + "</td>";
 }
 
@@ -551,15 +558,19 @@ std::string operators_table(const Layer& L) {
     if (op.is_default) cls += " default";
     if (!op.teacher_ending) cls += " other";
     o += "<tr class=\"" + cls + "\"><td class=\"name\"><span class=\"swatch\" style=\"background:" +
-         std::string(op.kind == "asap" ? kAsap : op.kind == "sinkhorn" ? kSink : kTeacher) + "\"></span>" +
-         esc(op.label());
+         std::string(op.kind == "asap"       ? kAsap
+                     : op.kind == "sinkhorn" ? kSink
+                                             : kTeacher) +
+         "\"></span>" + esc(op.label());
     if (op.is_default) o += " <span class=\"badge\">default</span>";
     if (!op.teacher_ending)
       o += " <span class=\"tag\" title=\"ends on the " + L.other_ending() + " marginal; the teacher ends on the " +
            esc(L.ending) + " marginal\">ends on " + L.other_ending() + "</span>";
     o += "</td><td class=\"num\">" + itos(op.passes) + "</td>";
-    o += cell(op.err) + cell(op.head_rmse) + cell(op.layer_rmse) + cell(op.row, true) + cell(op.col, true) + cell(op.kl);
-    o += op.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(op.lat)) + "</td>" : "<td class=\"num na\">\xE2\x80\x93</td>";
+    o +=
+        cell(op.err) + cell(op.head_rmse) + cell(op.layer_rmse) + cell(op.row, true) + cell(op.col, true) + cell(op.kl);
+    o += op.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(op.lat)) + "</td>"
+                    : "<td class=\"num na\">\xE2\x80\x93</td>";
     o += speedup_cell(tt, op.timed() ? op.lat : -1);
     o += "</tr>\n";
   }
@@ -614,8 +625,7 @@ std::string compile_choice(const Layer& L) {
     std::string upper = method;
     for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     o += "<p>The " + (method.empty() ? std::string("fit") : esc(method.size() <= 3 ? upper : method) + " fit") + " " +
-         cost + "took <b>" +
-         esc(svg::fmt_seconds(L.fit_time)) + "</b>";
+         cost + "took <b>" + esc(svg::fmt_seconds(L.fit_time)) + "</b>";
     if (num(L.fit, "teacher_time_s", -1) >= 0)
       o += " (of which " + esc(svg::fmt_seconds(num(L.fit, "teacher_time_s"))) + " running the teacher)";
     if (L.break_even > 0)
@@ -743,7 +753,7 @@ std::string layer_section(const Layer& L, const Verdict& v, const std::vector<Co
        itos(L.examples) + " held-out examples";
   if (L.def()) o += ", default operator ASAP k=" + itos(L.def()->steps) + " (" + itos(L.def()->passes) + " LSE passes)";
   o += "</p>";
-  const std::string badge = v.answer == 1 ? "<span class=\"verdict yes\">ASAP closer</span>"
+  const std::string badge = v.answer == 1   ? "<span class=\"verdict yes\">ASAP closer</span>"
                             : v.answer == 0 ? "<span class=\"verdict no\">Sinkhorn closer</span>"
                                             : "<span class=\"verdict na\">undecided</span>";
   o += "<p>" + badge + " " + v.sentence + "</p>";
@@ -759,12 +769,14 @@ std::string layer_section(const Layer& L, const Verdict& v, const std::vector<Co
   const std::string scatter = scatter_plot(L, &scap);
   o += "<div class=\"figs\"><figure class=\"wide\">" + pareto + "<figcaption><b>Error against " +
        (L.timed ? std::string("latency") : std::string("passes")) + ".</b> " + pcap + "</figcaption></figure>";
-  o += "<figure class=\"sq\">" + scatter + "<figcaption><b>Dual potentials.</b> " + scap + "</figcaption></figure></div>";
+  o += "<figure class=\"sq\">" + scatter + "<figcaption><b>Dual potentials.</b> " + scap +
+       "</figcaption></figure></div>";
 
   o += "<div class=\"figs\"><figure class=\"mid\">" + closures_plot(L) +
        "<figcaption><b>Closures and the parity zig-zag.</b> Error against log-sum-exp passes: ASAP k uses k+1 passes "
        "(the softmax feature plus k closures), Sinkhorn T\xE2\x80\xB2 uses T\xE2\x80\xB2. Operators ending on the " +
-       L.other_ending() + " marginal (hollow) jump up; the dashed line is compile's held-out estimate for the chosen "
+       L.other_ending() +
+       " marginal (hollow) jump up; the dashed line is compile's held-out estimate for the chosen "
        "candidate.</figcaption></figure>";
   o += "<figure class=\"mid\">" + heads_plot(L) +
        "<figcaption><b>Per head.</b> Attention error of the default operator per head; the dashed line is the "
@@ -784,17 +796,21 @@ std::string layer_section(const Layer& L, const Verdict& v, const std::vector<Co
     const Op& d = *it->second.def();
     rows += "<tr><td class=\"name\"><span class=\"swatch\" style=\"background:" + std::string(kCompare) + "\"></span>" +
             esc(c.label) + "</td><td class=\"num\">k=" + itos(d.steps) + "</td>" + cell(d.err) + cell(d.head_rmse) +
-            cell(d.kl) + (d.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(d.lat)) + "</td>" : "<td class=\"num na\">\xE2\x80\x93</td>") +
+            cell(d.kl) +
+            (d.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(d.lat)) + "</td>"
+                       : "<td class=\"num na\">\xE2\x80\x93</td>") +
             "</tr>";
   }
   if (!rows.empty() && L.def()) {
     const Op& d = *L.def();
-    o += "<h3>Compared artifacts (default operators)</h3><div class=\"scroll\"><table class=\"ops\"><thead><tr><th>artifact"
+    o += "<h3>Compared artifacts (default operators)</h3><div class=\"scroll\"><table "
+         "class=\"ops\"><thead><tr><th>artifact"
          "</th><th>default</th><th>attention error</th><th>head-output RMSE</th><th>plan KL</th><th>latency</th></tr>"
          "</thead><tbody><tr class=\"default\"><td class=\"name\"><span class=\"swatch\" style=\"background:" +
-         std::string(kAsap) + "\"></span>this artifact</td><td class=\"num\">k=" + itos(d.steps) + "</td>" + cell(d.err) +
-         cell(d.head_rmse) + cell(d.kl) +
-         (d.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(d.lat)) + "</td>" : "<td class=\"num na\">\xE2\x80\x93</td>") +
+         std::string(kAsap) + "\"></span>this artifact</td><td class=\"num\">k=" + itos(d.steps) + "</td>" +
+         cell(d.err) + cell(d.head_rmse) + cell(d.kl) +
+         (d.timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(d.lat)) + "</td>"
+                    : "<td class=\"num na\">\xE2\x80\x93</td>") +
          "</tr>" + rows + "</tbody></table></div>";
   }
 
@@ -860,10 +876,14 @@ std::string render_html_report(const nlohmann::json& v, const std::string& title
   else if (decided == 0)
     para += "The data do not allow a comparison.";
   else
-    para += (yes == decided ? "Yes" : yes == 0 ? "No" : "Partly") + std::string(": in ") + itos(yes) + " of " +
-            itos(decided) + (decided == 1 ? " layer" : " layers") + " the default ASAP operator beats the best " +
+    para += (yes == decided ? "Yes"
+             : yes == 0     ? "No"
+                            : "Partly") +
+            std::string(": in ") + itos(yes) + " of " + itos(decided) + (decided == 1 ? " layer" : " layers") +
+            " the default ASAP operator beats the best " +
             (any_timed ? "Sinkhorn that runs no slower (fewer iterations, or the teacher's full T)"
-                       : "Sinkhorn of equal log-sum-exp passes") + ". ";
+                       : "Sinkhorn of equal log-sum-exp passes") +
+            ". ";
   for (const auto& vd : verdicts) para += vd.sentence + " ";
   o += para + "</p>";
   if (!layers.empty()) {
@@ -874,20 +894,23 @@ std::string render_html_report(const nlohmann::json& v, const std::string& title
       const Layer& L = layers[i];
       const Verdict& vd = verdicts[i];
       o += "<tr><td class=\"name\"><a href=\"#layer-" + itos(static_cast<int64_t>(i)) + "\">" + esc(L.name) +
-           "</a></td><td class=\"num\">" + itos(L.T) + (L.ending.empty() ? "" : " <small>" + esc(L.ending) + "</small>") +
-           "</td>";
+           "</a></td><td class=\"num\">" + itos(L.T) +
+           (L.ending.empty() ? "" : " <small>" + esc(L.ending) + "</small>") + "</td>";
       if (L.def()) {
         o += "<td class=\"num\">k=" + itos(L.def()->steps) + "</td>" + cell(L.def()->err);
-        o += L.def()->timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(L.def()->lat)) + "</td>" : "<td class=\"num na\">\xE2\x80\x93</td>";
+        o += L.def()->timed() ? "<td class=\"num\">" + esc(svg::fmt_seconds(L.def()->lat)) + "</td>"
+                              : "<td class=\"num na\">\xE2\x80\x93</td>";
         o += speedup_cell(L.teacher() && L.teacher()->timed() ? L.teacher()->lat : -1,
                           L.def()->timed() ? L.def()->lat : -1);
       } else {
-        o += "<td class=\"na\">\xE2\x80\x93</td><td class=\"na\">\xE2\x80\x93</td><td class=\"na\">\xE2\x80\x93</td><td class=\"na\">\xE2\x80\x93</td>";
+        o += "<td class=\"na\">\xE2\x80\x93</td><td class=\"na\">\xE2\x80\x93</td><td "
+             "class=\"na\">\xE2\x80\x93</td><td class=\"na\">\xE2\x80\x93</td>";
       }
       auto sk = [&](const Op* s) {
         if (!s) return std::string("<td class=\"num na\">\xE2\x80\x93</td>");
-        return "<td class=\"num\">" + std::string(s->kind == "teacher" ? "teacher" : "T\xE2\x80\xB2=" + itos(s->steps)) +
-               ": " + esc(fmt(s->err)) + "</td>";
+        return "<td class=\"num\">" +
+               std::string(s->kind == "teacher" ? "teacher" : "T\xE2\x80\xB2=" + itos(s->steps)) + ": " +
+               esc(fmt(s->err)) + "</td>";
       };
       o += sk(vd.at_latency) + sk(vd.at_passes);
       o += vd.answer == 1   ? "<td><span class=\"verdict yes\">ASAP closer</span></td>"

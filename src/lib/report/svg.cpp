@@ -14,12 +14,23 @@ std::string esc(const std::string& s) {
   o.reserve(s.size() + 8);
   for (char c : s) {
     switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&#39;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -184,8 +195,8 @@ std::string marker_svg(double x, double y, const Marker& m) {
                              (m.extra.empty() ? "" : " " + m.extra);
   const double r = m.r;
   if (m.shape == "square") {
-    s = "<rect x=\"" + num(x - r * 0.9) + "\" y=\"" + num(y - r * 0.9) + "\" width=\"" + num(r * 1.8) +
-        "\" height=\"" + num(r * 1.8) + "\"" + common;
+    s = "<rect x=\"" + num(x - r * 0.9) + "\" y=\"" + num(y - r * 0.9) + "\" width=\"" + num(r * 1.8) + "\" height=\"" +
+        num(r * 1.8) + "\"" + common;
   } else if (m.shape == "diamond") {
     const double q = r * 1.25;
     s = "<path d=\"M" + num(x) + " " + num(y - q) + "L" + num(x + q) + " " + num(y) + "L" + num(x) + " " + num(y + q) +
@@ -198,7 +209,11 @@ std::string marker_svg(double x, double y, const Marker& m) {
     s = "<circle cx=\"" + num(x) + "\" cy=\"" + num(y) + "\" r=\"" + num(r) + "\"" + common;
   }
   if (m.title.empty()) return s + "/>";
-  return s + "><title>" + esc(m.title) + "</title></" + (m.shape == "square" ? "rect" : m.shape == "circle" ? "circle" : "path") + ">";
+  return s + "><title>" + esc(m.title) + "</title></" +
+         (m.shape == "square"   ? "rect"
+          : m.shape == "circle" ? "circle"
+                                : "path") +
+         ">";
 }
 
 }  // namespace
@@ -263,15 +278,18 @@ double Plot::px(double x) const {
 
 double Plot::py(double y) const {
   const double top = mt + legend_height(), bottom = h_ - mb;
-  if (y_.log) return bottom - (std::log10(y) - std::log10(y_.lo)) / (std::log10(y_.hi) - std::log10(y_.lo)) * (bottom - top);
+  if (y_.log)
+    return bottom - (std::log10(y) - std::log10(y_.lo)) / (std::log10(y_.hi) - std::log10(y_.lo)) * (bottom - top);
   return bottom - (y - y_.lo) / (y_.hi - y_.lo) * (bottom - top);
 }
 
 bool Plot::in_x(double x) const {
-  return std::isfinite(x) && (!x_.log || x > 0) && x >= x_.lo - 1e-12 * std::fabs(x_.lo) && x <= x_.hi * (1 + 1e-12) + 1e-300;
+  return std::isfinite(x) && (!x_.log || x > 0) && x >= x_.lo - 1e-12 * std::fabs(x_.lo) &&
+         x <= x_.hi * (1 + 1e-12) + 1e-300;
 }
 bool Plot::in_y(double y) const {
-  return std::isfinite(y) && (!y_.log || y > 0) && y >= y_.lo - 1e-12 * std::fabs(y_.lo) && y <= y_.hi * (1 + 1e-12) + 1e-300;
+  return std::isfinite(y) && (!y_.log || y > 0) && y >= y_.lo - 1e-12 * std::fabs(y_.lo) &&
+         y <= y_.hi * (1 + 1e-12) + 1e-300;
 }
 
 void Plot::line(const std::vector<std::pair<double, double>>& pts, const std::string& color, double width,
@@ -282,7 +300,8 @@ void Plot::line(const std::vector<std::pair<double, double>>& pts, const std::st
       p.push_back(q);
   if (p.size() < 2) return;
   draw_.push_back([this, p, color, width, dash, opacity](std::string& o) {
-    o += "<polyline fill=\"none\" stroke=\"" + color + "\" stroke-width=\"" + num(width) + "\" stroke-linejoin=\"round\"";
+    o += "<polyline fill=\"none\" stroke=\"" + color + "\" stroke-width=\"" + num(width) +
+         "\" stroke-linejoin=\"round\"";
     if (!dash.empty()) o += " stroke-dasharray=\"" + dash + "\"";
     if (opacity < 1) o += " stroke-opacity=\"" + num(opacity) + "\"";
     o += " points=\"";
@@ -343,8 +362,8 @@ void Plot::dots(const std::vector<std::pair<double, double>>& pts, const std::st
   });
 }
 
-void Plot::text(double x, double y, const std::string& t, const std::string& color, const std::string& anchor, double dy,
-                const std::string& cls) {
+void Plot::text(double x, double y, const std::string& t, const std::string& color, const std::string& anchor,
+                double dy, const std::string& cls) {
   overlay_.push_back([this, x, y, t, color, anchor, dy, cls](std::string& o) {
     o += "<text class=\"" + cls + "\" x=\"" + num(px(x)) + "\" y=\"" + num(py(y) + dy) + "\" text-anchor=\"" + anchor +
          "\" fill=\"" + color + "\">" + esc(t) + "</text>\n";
@@ -494,12 +513,11 @@ std::string Plot::build(const std::string& aria_label) const {
       int anchor;  // 0 start (box right of the point), 1 end (left of it), 2 middle
     };
     const double d = g * 0.75;
-    const std::vector<Cand> cands{{X + g, Y - th / 2, 0},          {X - g - tw, Y - th / 2, 1},
-                                  {X - tw / 2, Y - g - th, 2},      {X - tw / 2, Y + g, 2},
-                                  {X + d, Y - d - th, 0},           {X + d, Y + d, 0},
-                                  {X - d - tw, Y - d - th, 1},      {X - d - tw, Y + d, 1},
-                                  {X + 2 * g, Y - th / 2, 0},       {X - 2 * g - tw, Y - th / 2, 1},
-                                  {X - tw / 2, Y - 2 * g - th, 2},  {X - tw / 2, Y + 2 * g, 2}};
+    const std::vector<Cand> cands{
+        {X + g, Y - th / 2, 0},          {X - g - tw, Y - th / 2, 1},     {X - tw / 2, Y - g - th, 2},
+        {X - tw / 2, Y + g, 2},          {X + d, Y - d - th, 0},          {X + d, Y + d, 0},
+        {X - d - tw, Y - d - th, 1},     {X - d - tw, Y + d, 1},          {X + 2 * g, Y - th / 2, 0},
+        {X - 2 * g - tw, Y - th / 2, 1}, {X - tw / 2, Y - 2 * g - th, 2}, {X - tw / 2, Y + 2 * g, 2}};
     double best = std::numeric_limits<double>::infinity();
     Box chosen{};
     int anchor = 0;
@@ -519,7 +537,10 @@ std::string Plot::build(const std::string& aria_label) const {
     placed.push_back(chosen);
     const double tx = anchor == 0 ? chosen.x0 : anchor == 1 ? chosen.x1 : (chosen.x0 + chosen.x1) / 2;
     o += "<text class=\"lbl" + std::string(L.bold ? " bold" : "") + "\" x=\"" + num(tx) + "\" y=\"" +
-         num(chosen.y1 - 2) + "\" text-anchor=\"" + (anchor == 0 ? "start" : anchor == 1 ? "end" : "middle") +
+         num(chosen.y1 - 2) + "\" text-anchor=\"" +
+         (anchor == 0   ? "start"
+          : anchor == 1 ? "end"
+                        : "middle") +
          "\" fill=\"" + L.color + "\">" + esc(L.text) + "</text>\n";
   }
   for (const auto& f : overlay_) f(o);

@@ -43,7 +43,7 @@ struct Marker {
 struct LegendItem {
   std::string label;
   std::string color;
-  std::string kind = "marker";  // marker, hollow, line, dashed, line+marker, bar
+  std::string kind = "marker";   // marker, hollow, line, dashed, line+marker, bar
   std::string shape = "circle";  // of the marker
 };
 

@@ -16,9 +16,7 @@ namespace asap {
 
 namespace {
 
-bool half_precision(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
+bool half_precision(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
 
 at::Tensor widened(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
 
@@ -44,8 +42,7 @@ void propagate_nonfinite(LayerOutput& r, const at::Tensor& q, const at::Tensor& 
 // only) for the zero-parameter kinds, the compiled operator otherwise.
 LayerOutput run_layer_fast(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& key_mask, const RunOptions& opt) {
-  if (L.kind == OperatorKind::kAsap)
-    return fast::asap_layer(L, q, k, v, key_mask, opt);
+  if (L.kind == OperatorKind::kAsap) return fast::asap_layer(L, q, k, v, key_mask, opt);
   detail::check_layer_inputs(L, q, k, v);
   const int steps = detail::loop_kind_steps(L, opt);
   auto t = fast::teacher(q, k, v.to(q.scalar_type()), key_mask, L.spec.score_scale, steps, convention_of(L.spec),
@@ -58,9 +55,8 @@ LayerOutput run_layer_fast(const CompiledLayer& L, const at::Tensor& q, const at
 
 }  // namespace
 
-TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& key_mask, double scale, int T, const Convention& c,
-                          bool want_attention, bool want_duals) {
+TeacherResult run_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
+                          double scale, int T, const Convention& c, bool want_attention, bool want_duals) {
   if (half_precision(q)) {
     // Half precision in, half precision out: computed in float32: the
     // kernels have no half-precision arithmetic, and float32 keeps the teacher's accuracy.
@@ -85,7 +81,7 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
     return r;
   }
   LayerOutput r = fast::handles(q, k, v, key_mask) ? run_layer_fast(L, q, k, v, key_mask, opt)
-                                                    : run_layer_reference(L, q, k, v, key_mask, opt);
+                                                   : run_layer_reference(L, q, k, v, key_mask, opt);
   propagate_nonfinite(r, q, k, v);
   return r;
 }

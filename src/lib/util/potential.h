@@ -12,8 +12,8 @@ namespace detail {
 // phi(p) = p^2/2 - u(p) for sorted query projections xs, sorted key
 // projections ys and the running u (u_0 = 0, u_{r+1} = u_r + ys_r (xs_{r+1} -
 // xs_r)); u is extended by its outer rays.
-inline double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys,
-                             const std::vector<double>& u, double p) {
+inline double eval_potential(const std::vector<double>& xs, const std::vector<double>& ys, const std::vector<double>& u,
+                             double p) {
   double up;
   if (p < xs.front()) {
     up = ys.front() * (p - xs.front());

@@ -30,23 +30,36 @@ namespace {
 bool is_asap_layer(const CompiledLayer& L) { return L.kind == OperatorKind::kAsap; }
 
 json metrics_json(const FidelityMetrics& m) {
-  return json{{"attention_rel_error", m.attention_rel_error}, {"head_output_rmse", m.head_output_rmse},
-              {"layer_output_rmse", m.layer_output_rmse},     {"row_marginal_error", m.row_marginal_error},
-              {"col_marginal_error", m.col_marginal_error},   {"teacher_plan_kl", m.teacher_plan_kl},
-              {"teacher_plan_kl_floored", m.teacher_plan_kl_floored}, {"plan_zero_share", m.plan_zero_share},
-              {"dual_rmse", m.dual_rmse},                     {"terms", m.terms}};
+  return json{{"attention_rel_error", m.attention_rel_error},
+              {"head_output_rmse", m.head_output_rmse},
+              {"layer_output_rmse", m.layer_output_rmse},
+              {"row_marginal_error", m.row_marginal_error},
+              {"col_marginal_error", m.col_marginal_error},
+              {"teacher_plan_kl", m.teacher_plan_kl},
+              {"teacher_plan_kl_floored", m.teacher_plan_kl_floored},
+              {"plan_zero_share", m.plan_zero_share},
+              {"dual_rmse", m.dual_rmse},
+              {"terms", m.terms}};
 }
 
 }  // namespace
 
 json VerifyResult::to_json() const {
-  json j{{"artifact", artifact}, {"checkpoint", checkpoint}, {"data", data}, {"timed_batch", timed_batch},
+  json j{{"artifact", artifact},
+         {"checkpoint", checkpoint},
+         {"data", data},
+         {"timed_batch", timed_batch},
          {"layers", json::array()}};
   for (const auto& l : layers) {
     json ops = json::array();
     for (const auto& o : l.operators)
-      ops.push_back({{"kind", o.kind}, {"steps", o.steps}, {"lse_passes", o.lse_passes}, {"default", o.is_default},
-                     {"teacher_ending", o.teacher_ending}, {"latency_s", o.latency_s}, {"metrics", metrics_json(o.metrics)}});
+      ops.push_back({{"kind", o.kind},
+                     {"steps", o.steps},
+                     {"lse_passes", o.lse_passes},
+                     {"default", o.is_default},
+                     {"teacher_ending", o.teacher_ending},
+                     {"latency_s", o.latency_s},
+                     {"metrics", metrics_json(o.metrics)}});
     j["layers"].push_back({{"name", l.name},
                            {"T", l.T},
                            {"ending", l.T % 2 == 0 ? "column" : "row"},
@@ -65,9 +78,9 @@ json VerifyResult::to_json() const {
 
 void check_artifact_matches(const Artifact& art, const std::string& path, const Checkpoint& ck, bool force) {
   if (art.teacher_sha256 != ck.sha256 && !force)
-    throw Error(str("artifact '", path, "' was compiled from a checkpoint with SHA-256 ", art.teacher_sha256.substr(0, 16),
-                    "... ('", art.teacher_file, "') but '", ck.path, "' has ", ck.sha256.substr(0, 16),
-                    "...: pass the matching checkpoint, or --force to compare anyway"));
+    throw Error(str("artifact '", path, "' was compiled from a checkpoint with SHA-256 ",
+                    art.teacher_sha256.substr(0, 16), "... ('", art.teacher_file, "') but '", ck.path, "' has ",
+                    ck.sha256.substr(0, 16), "...: pass the matching checkpoint, or --force to compare anyway"));
   for (const auto& l : art.layers) {
     const auto& s = l.spec;
     TeacherSpec one;
@@ -123,7 +136,8 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     const bool has_out = w.defined();
     HeadBatch timed;
     for (size_t i = 0; i < idx.size(); i += static_cast<size_t>(opt.batch_size)) {
-      std::vector<int64_t> part(idx.begin() + i, idx.begin() + std::min(idx.size(), i + static_cast<size_t>(opt.batch_size)));
+      std::vector<int64_t> part(idx.begin() + i,
+                                idx.begin() + std::min(idx.size(), i + static_cast<size_t>(opt.batch_size)));
       auto b = stream.read_indices(part);
       if (!timed.q.defined()) timed = b;
       const int64_t B = b.q.size(0), n = b.q.size(2);
@@ -139,8 +153,9 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
       // The default operator's per-head attention error (the teacher's is 0).
       auto add_heads = [&](const at::Tensor& A) {
         auto A64 = A.to(at::kDouble), T64 = t.A.to(at::kDouble);
-        auto rel = ((A64 - T64).pow(2).sum(at::IntArrayRef{-2, -1}).sqrt() /
-                    T64.pow(2).sum(at::IntArrayRef{-2, -1}).sqrt()).sum(0);  // [H]
+        auto rel =
+            ((A64 - T64).pow(2).sum(at::IntArrayRef{-2, -1}).sqrt() / T64.pow(2).sum(at::IntArrayRef{-2, -1}).sqrt())
+                .sum(0);  // [H]
         for (int64_t h = 0; h < s.heads; ++h) head_num[h] += rel[h].item<double>();
         head_terms += static_cast<double>(B);
       };
@@ -151,7 +166,8 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
         add(sink_acc[Tp - 1], r.A, r.O);
         if (L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps) add_heads(r.A);
       }
-      if (opt.progress) opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(all.size())});
+      if (opt.progress)
+        opt.progress({s.name, "verify", static_cast<int64_t>(i + part.size()), static_cast<int64_t>(all.size())});
       if (!is_asap) continue;
       // ASAP with k = 1..K closures from the predicted dual.
       auto S = scores(b.q, b.k, s.score_scale);
@@ -224,7 +240,8 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
       for (size_t i = 0; i < fns.size(); ++i) lv.operators[i].latency_s = lat[i];
     }
     const OperatorResult& teacher = lv.operators[0];
-    for (int64_t h = 0; h < s.heads; ++h) lv.per_head_attention_error.push_back(head_terms > 0 ? head_num[h] / head_terms : 0);
+    for (int64_t h = 0; h < s.heads; ++h)
+      lv.per_head_attention_error.push_back(head_terms > 0 ? head_num[h] / head_terms : 0);
     const OperatorResult* defp = &lv.operators[0];
     for (const auto& o : lv.operators)
       if (o.is_default) defp = &o;
