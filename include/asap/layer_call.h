@@ -6,7 +6,7 @@
 //   asap/runtime.h   run_teacher, run_layer, CompiledModel: the one place
 //        |           that chooses between the two paths below
 //        +--> asap/fast.h      fused CPU kernels (src/lib/fast/)
-//        +--> asap/teacher.h,  ATen reference (src/lib/math/)
+//        +--> asap/teacher.h,  ATen reference (src/lib/reference/)
 //             asap/operator.h
 //
 // Both paths include this header (and the core types of asap/types.h), and

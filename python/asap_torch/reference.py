@@ -1,6 +1,6 @@
 """The compiled operator in plain PyTorch (asap-math.md sections 1-5, 6b).
 
-This mirrors the C++ reference path (src/lib/math/{teacher,features,
+This mirrors the C++ reference path (src/lib/reference/{teacher,features,
 operator}.cpp) operation by operation, so that it agrees with the custom
 operator to rounding. asap_torch uses it only when libasap_torch_op.so is
 not available (or when asked with backend="torch"): for ASAP layers
