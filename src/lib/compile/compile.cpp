@@ -293,305 +293,359 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   return compile_teacher(ckpt_path, spec_path, std::vector<std::string>{calib_path}, opt);
 }
 
-CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path,
-                              const std::vector<std::string>& calib_paths, const CompileOptions& opt) {
-  const auto t_all = Clock::now();
-  Communicator* comm = opt.comm.get();
-  const Setup setup = validate_options(opt);
-  Checkpoint ck = load_checkpoint(ckpt_path);
-  TeacherSpec spec = read_spec(spec_path);
-  validate_spec(spec, ck, spec_path);
-  if (comm) check_same_start(*comm, ck, spec_path, opt);
-  CalibFile calib(calib_paths);
-  const std::string calib_path = calib.path();
-  int64_t bytes_read = 0;
+namespace {
 
-  const std::vector<const LayerSpec*> layers = detail::select_by_name(
-      spec.layers, opt.layers, [](const LayerSpec& l) { return l.name; },
-      [&](const std::string& name) {
-        return str("--layers names '", name, "', which teacher spec '", spec_path, "' does not describe");
-      });
+// What the steps of one layer's compile share.
+struct LayerRun {
+  const LayerSpec& s;
+  LayerStream& stream;
+  const Shards& sh;
+  const at::Tensor& theta;
+  const FeatureFamily& widest;  // every column any candidate uses
+  int budget;                   // log-sum-exp passes an ASAP map may use
+  const CompileOptions& opt;
+  Communicator* comm;
+};
 
-  CompileResult result;
-  Artifact& art = result.artifact;
-  art.asapc_version = ASAP_VERSION_STRING;
-  art.teacher_sha256 = ck.sha256;
-  art.teacher_file = ck.path.substr(ck.path.find_last_of('/') + 1);
-  art.created_utc = utc_now();
-  result.summary =
-      json{{"checkpoint", ckpt_path}, {"spec", spec_path}, {"calibration", calib_path}, {"layers", json::array()}};
+// The widest family the candidates need: the statistics compute its columns once.
+FeatureFamily widest_family(const Setup& setup, const CompileOptions& opt) {
+  FeatureFamily widest{opt.slice_bank, false, false};
+  for (const auto& c : setup.candidates) {
+    auto f = family_of(c.features, opt.slice_bank);
+    widest.alpha |= f.alpha;
+    widest.softmax_dual |= f.softmax_dual;
+    widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
+  }
+  return widest;
+}
 
-  for (const LayerSpec* lp : layers) {
-    const LayerSpec& s = *lp;
-    const auto t_layer = Clock::now();
-    ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
-               " (plain softmax): there is no Sinkhorn loop to amortize, so asapc refuses to compile it");
-    LayerStream stream(calib, s, ck, opt.float64, comm ? 0 : opt.max_examples);
-    const Shards sh = make_shards(comm, calib, stream.num_examples(), opt.max_examples);
-    stream.set_first_example(sh.readable_begin);
-    const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
-    if (s.T <= 3 && opt.warn)
-      opt.warn(str("layer '", s.name, "' has T = ", s.T,
-                   ": few operators can be both faster than the teacher and "
-                   "close to it"));
-    FeatureFamily widest{opt.slice_bank, false, false};
-    for (const auto& c : setup.candidates) {
-      auto f = family_of(c.features, opt.slice_bank);
-      widest.alpha |= f.alpha;
-      widest.softmax_dual |= f.softmax_dual;
-      widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
-    }
-    const at::Tensor theta = make_slice_bank(s.head_dim, opt.slice_bank, opt.seed ^ name_hash(s.name));
-    PhaseTimes times;
+// Step 1: the statistics, with their warnings.
+Statistics layer_statistics(const LayerRun& r, const std::string& calib_path, PhaseTimes& times) {
+  const LayerSpec& s = r.s;
+  const CompileOptions& opt = r.opt;
+  Statistics st = gather_statistics(r.stream, r.sh, s, r.theta, r.widest, opt, matched_closures(s, opt), times);
+  ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name, "' left no training examples (",
+             r.sh.total, " examples, held-out fraction ", opt.heldout_fraction, ")");
+  if (!st.excluded.empty() && opt.warn) {
+    std::string list;
+    for (size_t i = 0; i < st.excluded.size() && i < 10; ++i) list += (i ? ", " : "") + std::to_string(st.excluded[i]);
+    if (st.excluded.size() > 10) list += ", ...";
+    opt.warn(str("layer '", s.name, "': excluded ", st.excluded.size(),
+                 " calibration example(s) whose attention "
+                 "scores overflow (--skip-bad-examples): ",
+                 list));
+  }
+  return st;
+}
 
-    // 1. Statistics.
-    Statistics st = gather_statistics(stream, sh, s, theta, widest, opt, matched_closures(s, opt), times);
-    ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name,
-               "' left no training examples (", sh.total, " examples, held-out fraction ", opt.heldout_fraction, ")");
-    if (!st.excluded.empty() && opt.warn) {
-      std::string list;
-      for (size_t i = 0; i < st.excluded.size() && i < 10; ++i)
-        list += (i ? ", " : "") + std::to_string(st.excluded[i]);
-      if (st.excluded.size() > 10) list += ", ...";
-      opt.warn(str("layer '", s.name, "': excluded ", st.excluded.size(),
-                   " calibration example(s) whose attention "
-                   "scores overflow (--skip-bad-examples): ",
-                   list));
-    }
-    const bool can_select = st.n_held >= opt.min_heldout;
-    if (!can_select && opt.warn)
-      opt.warn(str("layer '", s.name, "': only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
-                   "): ridge, slices, features and closures fall back to documented defaults"));
-
-    // 2. Candidate fits.
-    auto t = Clock::now();
-    FitTable ft = fit_candidates(st, widest, setup.candidates, setup.slice_counts, setup.grid, opt, can_select);
-    if (!ft.nan_fits.empty() && opt.warn)
-      opt.warn(str("layer '", s.name, "': ", ft.nan_fits.size(),
+// Step 2: the candidate fits, with their warnings.
+FitTable layer_fits(const LayerRun& r, const Statistics& st, const Setup& setup, bool can_select) {
+  FitTable ft = fit_candidates(st, r.widest, setup.candidates, setup.slice_counts, setup.grid, r.opt, can_select);
+  if (!ft.nan_fits.empty() && r.opt.warn)
+    r.opt.warn(str("layer '", r.s.name, "': ", ft.nan_fits.size(),
                    " candidate fit(s) have a NaN held-out dual error and "
                    "are not considered, e.g. ",
                    ft.nan_fits.front()));
-    ASAP_CHECK(!ft.fits.empty(), "layer '", s.name,
-               "': every candidate fit has a NaN held-out error, so there is no "
-               "map to choose (check the calibration data for extreme values)");
-    times.solve = seconds_since(t);
+  ASAP_CHECK(!ft.fits.empty(), "layer '", r.s.name,
+             "': every candidate fit has a NaN held-out error, so there is no "
+             "map to choose (check the calibration data for extreme values)");
+  return ft;
+}
 
-    // 3. Held-out errors of every candidate operator.
-    t = Clock::now();
-    HeldoutErrors he;
-    if (can_select)
-      he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits,
-                          closures_to_evaluate(ft.fits, s, opt, budget), opt);
-    times.selection = seconds_since(t);
+// Steps 4 + 5: the candidate operators, their latencies and the choice.
+struct Chosen {
+  std::vector<OperatorCandidate> cands;
+  std::vector<std::string> dropped;  // candidates with a NaN held-out error
+  bool any_asap = false;
+  Choice ch;
+  json latency_source;
+};
 
-    // 4 + 5. Latency (lazily, inside the choice) and the choice.
-    t = Clock::now();
-    std::vector<std::string> dropped;
-    std::vector<OperatorCandidate> cands = operator_candidates(s, ft.fits, he, opt, dropped);
-    if (!dropped.empty() && opt.warn)
-      opt.warn(str("layer '", s.name, "': ", dropped.size(),
+// Latency describes the deployment machine: measured once, on rank 0, which
+// chooses for every rank (with --latency-threads threads, restored after).
+void choose_on_rank0(const LayerRun& r, const Statistics& st, Chosen& c) {
+  const LayerSpec& s = r.s;
+  const CompileOptions& opt = r.opt;
+  std::vector<int64_t> timed;  // held-out examples in this rank's files
+  for (int64_t e : st.held_idx)
+    if (e >= r.sh.readable_begin && e < r.sh.readable_end) timed.push_back(e);
+  if (timed.empty())
+    for (int64_t e = r.sh.readable_begin;
+         e < r.sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
+      timed.push_back(e);
+  const int rank_threads = at::get_num_threads();
+  const bool switch_threads = opt.latency_threads > 0 && opt.latency_threads != rank_threads;
+  if (switch_threads) at::set_num_threads(opt.latency_threads);
+  struct Restore {
+    int n;
+    bool on;
+    ~Restore() {
+      if (on) at::set_num_threads(n);
+    }
+  } restore{rank_threads, switch_threads};
+  std::shared_ptr<LatencyModel> model =
+      opt.latency ? opt.latency : measured_latency(r.stream, s, r.theta, timed, opt.deploy_batch);
+  c.latency_source = model->describe();
+  ChoiceOptions co;
+  co.objective = opt.objective;
+  co.min_speedup = opt.min_speedup;
+  co.max_error = opt.max_error;
+  co.pass_budget = r.budget;
+  co.fixed_closures = opt.closures;
+  co.parametric_only = !opt.zero_parameter_operators;
+  if (opt.progress) opt.progress({s.name, "latency", 0, 1});
+  c.ch = choose_operator(c.cands, s, co, *model);
+  if (opt.progress) opt.progress({s.name, "latency", 1, 1});
+  // One pass of T should cost far less than all of them: when plain
+  // softmax (T' = 1) times like the teacher, load dominated the timings.
+  if (s.T >= 4 && c.cands.size() > 1 && c.cands[1].latency > 0.8 * c.ch.teacher_latency && opt.warn)
+    opt.warn(str("layer '", s.name, "': Sinkhorn T' = 1 timed at ", c.cands[1].latency / c.ch.teacher_latency,
+                 " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
+                 "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
+}
+
+Chosen layer_choice(const LayerRun& r, const Statistics& st, const FitTable& ft, const HeldoutErrors& he,
+                    bool can_select, PhaseTimes& times) {
+  Chosen c;
+  c.cands = operator_candidates(r.s, ft.fits, he, r.opt, c.dropped);
+  if (!c.dropped.empty() && r.opt.warn)
+    r.opt.warn(str("layer '", r.s.name, "': ", c.dropped.size(),
                    " candidate operator(s) have a NaN held-out attention error "
                    "and are not considered, e.g. ",
-                   dropped.front()));
-    bool any_asap = false;
-    for (const auto& c : cands) any_asap |= c.op.kind == OperatorKind::kAsap;
-    Choice ch;
-    json latency_source;
-    // Latency describes the deployment machine: measured once, on rank 0,
-    // which chooses for every rank.
-    if (can_select && (!comm || comm->rank() == 0)) {
-      std::vector<int64_t> timed;  // held-out examples in this rank's files
-      for (int64_t e : st.held_idx)
-        if (e >= sh.readable_begin && e < sh.readable_end) timed.push_back(e);
-      if (timed.empty())
-        for (int64_t e = sh.readable_begin;
-             e < sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
-          timed.push_back(e);
-      const int rank_threads = at::get_num_threads();
-      const bool switch_threads = opt.latency_threads > 0 && opt.latency_threads != rank_threads;
-      if (switch_threads) at::set_num_threads(opt.latency_threads);
-      struct Restore {
-        int n;
-        bool on;
-        ~Restore() {
-          if (on) at::set_num_threads(n);
-        }
-      } restore{rank_threads, switch_threads};
-      std::shared_ptr<LatencyModel> model =
-          opt.latency ? opt.latency : measured_latency(stream, s, theta, timed, opt.deploy_batch);
-      latency_source = model->describe();
-      ChoiceOptions co;
-      co.objective = opt.objective;
-      co.min_speedup = opt.min_speedup;
-      co.max_error = opt.max_error;
-      co.pass_budget = budget;
-      co.fixed_closures = opt.closures;
-      co.parametric_only = !opt.zero_parameter_operators;
-      if (opt.progress) opt.progress({s.name, "latency", 0, 1});
-      ch = choose_operator(cands, s, co, *model);
-      if (opt.progress) opt.progress({s.name, "latency", 1, 1});
-      // One pass of T should cost far less than all of them: when plain
-      // softmax (T' = 1) times like the teacher, load dominated the timings.
-      if (s.T >= 4 && cands.size() > 1 && cands[1].latency > 0.8 * ch.teacher_latency && opt.warn)
-        opt.warn(str("layer '", s.name, "': Sinkhorn T' = 1 timed at ", cands[1].latency / ch.teacher_latency,
-                     " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
-                     "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
-    }
-    if (can_select && comm) {
-      std::vector<double> idx{static_cast<double>(ch.index)};
-      const auto tc = Clock::now();
-      comm->broadcast(idx, 0);
-      times.communication += seconds_since(tc);
-      ch.index = static_cast<int>(idx[0]);
-    }
-    times.latency = seconds_since(t);
-
-    // 6. The compiled layer.
-    CompiledLayer cl;
-    cl.spec = s;
-    cl.weights = stream.weights();
-    int fit_index = -1, closures = 0;
-    if (ch.index >= 0) {
-      const OperatorCandidate& w = cands[static_cast<size_t>(ch.index)];
-      cl.kind = w.op.kind;
-      if (w.op.kind == OperatorKind::kSinkhorn) cl.sinkhorn_steps = w.op.steps;
-      fit_index = w.fit;
-      closures = w.op.closures;
-    } else {  // no held-out data (or nothing within the budget): the documented default
-      fit_index = default_fit(ft.fits);
-      closures = ft.fits[fit_index].target_k > 0 ? ft.fits[fit_index].target_k
-                 : opt.closures > 0              ? opt.closures
-                                                 : default_closures_within(s, ft.fits[fit_index].family, budget);
-      ch.decision = !can_select ? "too few held-out examples to choose: the documented default map"
-                    : !any_asap ? "every ASAP candidate's held-out error is NaN, so none could be chosen on data: the "
-                                  "documented default map"
-                                : "no ASAP map fits the pass budget: the documented default map";
-    }
-    json kl_diag;
-    if (cl.kind == OperatorKind::kAsap) {
-      const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
-      cl.theta = theta.narrow(1, 0, f.family.slices).contiguous();  // the prefix the family uses
-      cl.family = f.family;
-      cl.per_head = f.cand.per_head;
-      cl.coef = f.coef;
-      cl.default_closures = closures;
-      auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
-      if (opt.fit == "kl" && f.target_k > 0) {
-        kl_diag = json{{"skipped",
-                        "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
-                        "coefficients"}};
-      } else if (opt.fit == "kl") {
-        KlOptions ko;
-        ko.ridge = opt.kl_ridge;
-        ko.max_iters = opt.kl_max_iters;
-        refit_common(ko, opt, comm, st);
-        auto kl = fit_kl(stream, sh, s, theta, f.family, f.cand.per_head, f.coef, is_held, ko);
-        cl.coef = kl.coef;
-        kl_diag = kl.diagnostics;
-      } else if (opt.fit == "attention" && closures >= 1) {
-        AttnFitOptions ao;
-        ao.max_iters = opt.attention_iters;
-        refit_common(ao, opt, comm, st);
-        auto af = fit_attention(stream, sh, s, theta, f.family, f.coef, closures, is_held, ao);
-        cl.coef = af.coef;
-        kl_diag = af.diagnostics;
-      }
-      // A refit (KL or attention) must not end worse than its LS start on
-      // held-out data: the attention error of the same operator (family, k)
-      // with each, on the fast path.
-      if (kl_diag.is_object() && !kl_diag.contains("skipped") && can_select && closures >= 1) {
-        const char* what = opt.fit == "kl" ? "KL fit" : "attention refit";
-        std::vector<Fit> pair{f, f};
-        pair[1].coef = cl.coef;
-        heldout_errors(stream, sh, s, theta, widest, st.held_idx, pair, {closures, closures}, opt);
-        const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
-        kl_diag["heldout_attention_error_ls"] = e_ls;
-        kl_diag[opt.fit == "kl" ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
-        kl_diag["fell_back_to_ls"] = false;
-        if (!(e_re <= e_ls)) {
-          cl.coef = f.coef;
-          kl_diag["fell_back_to_ls"] = true;
-          if (opt.warn)
-            opt.warn(str("layer '", s.name, "': the ", what, " ends with held-out attention error ", e_re,
-                         ", worse than its LS start's ", e_ls, ", so the LS coefficients are kept"));
-        }
-      }
-    } else {
-      cl.theta = at::zeros({s.head_dim, 0}, at::kDouble);
-      cl.coef = at::zeros({1, 0}, at::kDouble);
-      cl.default_closures = 1;
-    }
-
-    json chosen{
-        {"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()}, {"lse_passes", cl.lse_passes()}};
-    if (cl.kind == OperatorKind::kAsap) {
-      const Fit& f = ft.fits[static_cast<size_t>(fit_index)];
-      chosen["candidate"] = f.name();
-      chosen["target"] = f.target_k > 0 ? "k-matched" : "closure-ready";
-      chosen["family"] = f.family.name();
-      chosen["per_head"] = f.cand.per_head;
-      chosen["slices"] = f.family.slices;
-      chosen["ridge"] = f.lambda;
-      chosen["closures"] = closures;
-      chosen["heldout_dual_rmse"] = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
-    }
-    if (cl.kind == OperatorKind::kSinkhorn) chosen["sinkhorn_steps"] = cl.sinkhorn_steps;
-    if (ch.index >= 0) {
-      const OperatorCandidate& w = cands[static_cast<size_t>(ch.index)];
-      chosen["heldout_attention_error"] = w.error;
-      chosen["latency_s"] = w.latency;
-      chosen["speedup"] = w.latency > 0 ? ch.teacher_latency / w.latency : 1.0;
-    } else {
-      chosen["heldout_attention_error"] = -1.0;
-    }
-    json objective{{"name", objective_name(opt.objective)}};
-    if (opt.objective == Objective::kMinSpeedup) objective["min_speedup"] = opt.min_speedup;
-    if (opt.objective == Objective::kMaxError) objective["max_error"] = opt.max_error;
-    if (opt.objective == Objective::kFidelity) objective["pass_budget"] = budget;
-    json sinkhorn_errors = json::array();
-    for (double e : he.sinkhorn) sinkhorn_errors.push_back(e);
-    json summary{{"layer", s.name},
-                 {"T", s.T},
-                 {"ending", s.T % 2 == 0 ? "column" : "row"},
-                 {"examples", sh.total},
-                 {"examples_per_rank", sh.examples_per_rank},
-                 {"excluded_examples", st.excluded},
-                 {"train_examples", st.train.examples},
-                 {"heldout_examples", st.n_held},
-                 {"selection_examples", he.examples},
-                 {"rows_used", static_cast<int64_t>(st.train.R.sum().item<double>())},
-                 {"data_driven_selection", can_select && ch.index >= 0},
-                 {"candidates_with_nan_error", dropped},
-                 {"objective", objective},
-                 {"pass_budget", budget},
-                 {"decision", ch.decision},
-                 {"target_met", ch.index >= 0 && ch.target_met},
-                 {"chosen", chosen},
-                 {"candidates", fits_json(ft.fits)},
-                 {"sinkhorn_heldout_attention_error", sinkhorn_errors},
-                 {"slice_selection", ft.slice_tables},
-                 {"latency", {{"source", latency_source}, {"choice", can_select ? ch.to_json(cands) : json()}}},
-                 {"fit", opt.fit},
-                 {"fit_time_s", seconds_since(t_layer)},
-                 {"teacher_time_s", times.teacher},
-                 {"phase_times_s", times.to_json()},
-                 {"options",
-                  {{"slice_bank", opt.slice_bank},
-                   {"slice_counts", setup.slice_counts},
-                   {"ridge_grid", setup.grid},
-                   {"fixed_ridge", opt.ridge},
-                   {"heldout_fraction", opt.heldout_fraction},
-                   {"seed", opt.seed},
-                   {"batch_size", opt.batch_size},
-                   {"deploy_batch", opt.deploy_batch},
-                   {"max_closures", opt.max_closures},
-                   {"float64", opt.float64}}}};
-    if (!kl_diag.is_null()) summary[opt.fit == "attention" ? "attention_fit" : "kl"] = kl_diag;
-    bytes_read += stream.bytes_read();
-    cl.fit_json = summary.dump();
-    art.layers.push_back(std::move(cl));
-    result.summary["layers"].push_back(summary);
+                   c.dropped.front()));
+  for (const auto& x : c.cands) c.any_asap |= x.op.kind == OperatorKind::kAsap;
+  if (can_select && (!r.comm || r.comm->rank() == 0)) choose_on_rank0(r, st, c);
+  if (can_select && r.comm) {
+    std::vector<double> idx{static_cast<double>(c.ch.index)};
+    const auto tc = Clock::now();
+    r.comm->broadcast(idx, 0);
+    times.communication += seconds_since(tc);
+    c.ch.index = static_cast<int>(idx[0]);
   }
+  return c;
+}
+
+// The optional refit (--fit kl / attention) of the chosen map, which must
+// not end worse than its LS start on held-out data: the attention error of
+// the same operator (family, k) with each, on the fast path. Returns the
+// refit's diagnostics (null without a refit).
+json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int closures, bool can_select,
+                 CompiledLayer& cl) {
+  const CompileOptions& opt = r.opt;
+  json diag;
+  auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
+  if (opt.fit == "kl" && f.target_k > 0) {
+    diag = json{{"skipped",
+                 "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
+                 "coefficients"}};
+  } else if (opt.fit == "kl") {
+    KlOptions ko;
+    ko.ridge = opt.kl_ridge;
+    ko.max_iters = opt.kl_max_iters;
+    refit_common(ko, opt, r.comm, st);
+    auto kl = fit_kl(r.stream, r.sh, r.s, r.theta, f.family, f.cand.per_head, f.coef, is_held, ko);
+    cl.coef = kl.coef;
+    diag = kl.diagnostics;
+  } else if (opt.fit == "attention" && closures >= 1) {
+    AttnFitOptions ao;
+    ao.max_iters = opt.attention_iters;
+    refit_common(ao, opt, r.comm, st);
+    auto af = fit_attention(r.stream, r.sh, r.s, r.theta, f.family, f.coef, closures, is_held, ao);
+    cl.coef = af.coef;
+    diag = af.diagnostics;
+  }
+  if (diag.is_object() && !diag.contains("skipped") && can_select && closures >= 1) {
+    const char* what = opt.fit == "kl" ? "KL fit" : "attention refit";
+    std::vector<Fit> pair{f, f};
+    pair[1].coef = cl.coef;
+    heldout_errors(r.stream, r.sh, r.s, r.theta, r.widest, st.held_idx, pair, {closures, closures}, opt);
+    const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
+    diag["heldout_attention_error_ls"] = e_ls;
+    diag[opt.fit == "kl" ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
+    diag["fell_back_to_ls"] = false;
+    if (!(e_re <= e_ls)) {
+      cl.coef = f.coef;
+      diag["fell_back_to_ls"] = true;
+      if (opt.warn)
+        opt.warn(str("layer '", r.s.name, "': the ", what, " ends with held-out attention error ", e_re,
+                     ", worse than its LS start's ", e_ls, ", so the LS coefficients are kept"));
+    }
+  }
+  return diag;
+}
+
+// Step 6: the compiled layer the choice names (or the documented default).
+struct Built {
+  CompiledLayer cl;
+  int fit_index = -1;
+  int closures = 0;
+  json refit;  // the refit's diagnostics, or null
+};
+
+Built build_layer(const LayerRun& r, const Statistics& st, const FitTable& ft, Chosen& c, bool can_select) {
+  const LayerSpec& s = r.s;
+  const CompileOptions& opt = r.opt;
+  Built b;
+  CompiledLayer& cl = b.cl;
+  cl.spec = s;
+  cl.weights = r.stream.weights();
+  if (c.ch.index >= 0) {
+    const OperatorCandidate& w = c.cands[static_cast<size_t>(c.ch.index)];
+    cl.kind = w.op.kind;
+    if (w.op.kind == OperatorKind::kSinkhorn) cl.sinkhorn_steps = w.op.steps;
+    b.fit_index = w.fit;
+    b.closures = w.op.closures;
+  } else {  // no held-out data (or nothing within the budget): the documented default
+    b.fit_index = default_fit(ft.fits);
+    const Fit& f = ft.fits[b.fit_index];
+    b.closures = f.target_k > 0     ? f.target_k
+                 : opt.closures > 0 ? opt.closures
+                                    : default_closures_within(s, f.family, r.budget);
+    c.ch.decision = !can_select ? "too few held-out examples to choose: the documented default map"
+                    : !c.any_asap
+                        ? "every ASAP candidate's held-out error is NaN, so none could be chosen on data: the "
+                          "documented default map"
+                        : "no ASAP map fits the pass budget: the documented default map";
+  }
+  if (cl.kind == OperatorKind::kAsap) {
+    const Fit& f = ft.fits[static_cast<size_t>(b.fit_index)];
+    cl.theta = r.theta.narrow(1, 0, f.family.slices).contiguous();  // the prefix the family uses
+    cl.family = f.family;
+    cl.per_head = f.cand.per_head;
+    cl.coef = f.coef;
+    cl.default_closures = b.closures;
+    b.refit = refit_layer(r, st, f, b.closures, can_select, cl);
+  } else {
+    cl.theta = at::zeros({s.head_dim, 0}, at::kDouble);
+    cl.coef = at::zeros({1, 0}, at::kDouble);
+    cl.default_closures = 1;
+  }
+  return b;
+}
+
+// The layer's record: the compile summary's entry and the artifact's fit_json.
+json layer_summary(const LayerRun& r, const Setup& setup, const Statistics& st, const FitTable& ft,
+                   const HeldoutErrors& he, const Chosen& c, const Built& b, bool can_select, const PhaseTimes& times,
+                   double fit_time_s) {
+  const LayerSpec& s = r.s;
+  const CompileOptions& opt = r.opt;
+  const CompiledLayer& cl = b.cl;
+  const Choice& ch = c.ch;
+  json chosen{
+      {"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()}, {"lse_passes", cl.lse_passes()}};
+  if (cl.kind == OperatorKind::kAsap) {
+    const Fit& f = ft.fits[static_cast<size_t>(b.fit_index)];
+    chosen["candidate"] = f.name();
+    chosen["target"] = f.target_k > 0 ? "k-matched" : "closure-ready";
+    chosen["family"] = f.family.name();
+    chosen["per_head"] = f.cand.per_head;
+    chosen["slices"] = f.family.slices;
+    chosen["ridge"] = f.lambda;
+    chosen["closures"] = b.closures;
+    chosen["heldout_dual_rmse"] = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
+  }
+  if (cl.kind == OperatorKind::kSinkhorn) chosen["sinkhorn_steps"] = cl.sinkhorn_steps;
+  if (ch.index >= 0) {
+    const OperatorCandidate& w = c.cands[static_cast<size_t>(ch.index)];
+    chosen["heldout_attention_error"] = w.error;
+    chosen["latency_s"] = w.latency;
+    chosen["speedup"] = w.latency > 0 ? ch.teacher_latency / w.latency : 1.0;
+  } else {
+    chosen["heldout_attention_error"] = -1.0;
+  }
+  json objective{{"name", objective_name(opt.objective)}};
+  if (opt.objective == Objective::kMinSpeedup) objective["min_speedup"] = opt.min_speedup;
+  if (opt.objective == Objective::kMaxError) objective["max_error"] = opt.max_error;
+  if (opt.objective == Objective::kFidelity) objective["pass_budget"] = r.budget;
+  json sinkhorn_errors = json::array();
+  for (double e : he.sinkhorn) sinkhorn_errors.push_back(e);
+  json summary{{"layer", s.name},
+               {"T", s.T},
+               {"ending", s.T % 2 == 0 ? "column" : "row"},
+               {"examples", r.sh.total},
+               {"examples_per_rank", r.sh.examples_per_rank},
+               {"excluded_examples", st.excluded},
+               {"train_examples", st.train.examples},
+               {"heldout_examples", st.n_held},
+               {"selection_examples", he.examples},
+               {"rows_used", static_cast<int64_t>(st.train.R.sum().item<double>())},
+               {"data_driven_selection", can_select && ch.index >= 0},
+               {"candidates_with_nan_error", c.dropped},
+               {"objective", objective},
+               {"pass_budget", r.budget},
+               {"decision", ch.decision},
+               {"target_met", ch.index >= 0 && ch.target_met},
+               {"chosen", chosen},
+               {"candidates", fits_json(ft.fits)},
+               {"sinkhorn_heldout_attention_error", sinkhorn_errors},
+               {"slice_selection", ft.slice_tables},
+               {"latency", {{"source", c.latency_source}, {"choice", can_select ? ch.to_json(c.cands) : json()}}},
+               {"fit", opt.fit},
+               {"fit_time_s", fit_time_s},
+               {"teacher_time_s", times.teacher},
+               {"phase_times_s", times.to_json()},
+               {"options",
+                {{"slice_bank", opt.slice_bank},
+                 {"slice_counts", setup.slice_counts},
+                 {"ridge_grid", setup.grid},
+                 {"fixed_ridge", opt.ridge},
+                 {"heldout_fraction", opt.heldout_fraction},
+                 {"seed", opt.seed},
+                 {"batch_size", opt.batch_size},
+                 {"deploy_batch", opt.deploy_batch},
+                 {"max_closures", opt.max_closures},
+                 {"float64", opt.float64}}}};
+  if (!b.refit.is_null()) summary[opt.fit == "attention" ? "attention_fit" : "kl"] = b.refit;
+  return summary;
+}
+
+// One layer through every phase: its compiled layer and its record.
+std::pair<CompiledLayer, json> compile_layer(const LayerSpec& s, const Checkpoint& ck, CalibFile& calib,
+                                             const std::string& spec_path, const Setup& setup,
+                                             const CompileOptions& opt, int64_t& bytes_read) {
+  const auto t_layer = Clock::now();
+  Communicator* comm = opt.comm.get();
+  ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
+             " (plain softmax): there is no Sinkhorn loop to amortize, so asapc refuses to compile it");
+  LayerStream stream(calib, s, ck, opt.float64, comm ? 0 : opt.max_examples);
+  const Shards sh = make_shards(comm, calib, stream.num_examples(), opt.max_examples);
+  stream.set_first_example(sh.readable_begin);
+  const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
+  if (s.T <= 3 && opt.warn)
+    opt.warn(str("layer '", s.name, "' has T = ", s.T,
+                 ": few operators can be both faster than the teacher and "
+                 "close to it"));
+  const FeatureFamily widest = widest_family(setup, opt);
+  const at::Tensor theta = make_slice_bank(s.head_dim, opt.slice_bank, opt.seed ^ name_hash(s.name));
+  const LayerRun r{s, stream, sh, theta, widest, budget, opt, comm};
+  PhaseTimes times;
+
+  const Statistics st = layer_statistics(r, calib.path(), times);  // 1. statistics
+  const bool can_select = st.n_held >= opt.min_heldout;
+  if (!can_select && opt.warn)
+    opt.warn(str("layer '", s.name, "': only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
+                 "): ridge, slices, features and closures fall back to documented defaults"));
+  auto t = Clock::now();
+  FitTable ft = layer_fits(r, st, setup, can_select);  // 2. candidate fits (3. adds their errors)
+  times.solve = seconds_since(t);
+  t = Clock::now();
+  HeldoutErrors he;  // 3. held-out errors of every candidate operator
+  if (can_select)
+    he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits,
+                        closures_to_evaluate(ft.fits, s, opt, budget), opt);
+  times.selection = seconds_since(t);
+  t = Clock::now();
+  Chosen c = layer_choice(r, st, ft, he, can_select, times);  // 4 + 5. latency and choice
+  times.latency = seconds_since(t);
+  Built b = build_layer(r, st, ft, c, can_select);  // 6. the compiled layer
+  json summary = layer_summary(r, setup, st, ft, he, c, b, can_select, times, seconds_since(t_layer));
+  bytes_read += stream.bytes_read();
+  b.cl.fit_json = summary.dump();
+  return {std::move(b.cl), std::move(summary)};
+}
+
+// The summary's "distributed" record: world size, bytes read, communication.
+json distributed_summary(Communicator* comm, int64_t bytes_read) {
   json dist{{"world_size", comm ? comm->world_size() : 1}};
   if (comm) {
     const auto stats = comm->stats();
@@ -605,7 +659,42 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   } else {
     dist["calibration_bytes_read"] = bytes_read;
   }
-  result.summary["distributed"] = dist;
+  return dist;
+}
+
+}  // namespace
+
+CompileResult compile_teacher(const std::string& ckpt_path, const std::string& spec_path,
+                              const std::vector<std::string>& calib_paths, const CompileOptions& opt) {
+  const auto t_all = Clock::now();
+  Communicator* comm = opt.comm.get();
+  const Setup setup = validate_options(opt);
+  Checkpoint ck = load_checkpoint(ckpt_path);
+  TeacherSpec spec = read_spec(spec_path);
+  validate_spec(spec, ck, spec_path);
+  if (comm) check_same_start(*comm, ck, spec_path, opt);
+  CalibFile calib(calib_paths);
+  int64_t bytes_read = 0;
+  const std::vector<const LayerSpec*> layers = detail::select_by_name(
+      spec.layers, opt.layers, [](const LayerSpec& l) { return l.name; },
+      [&](const std::string& name) {
+        return str("--layers names '", name, "', which teacher spec '", spec_path, "' does not describe");
+      });
+
+  CompileResult result;
+  Artifact& art = result.artifact;
+  art.asapc_version = ASAP_VERSION_STRING;
+  art.teacher_sha256 = ck.sha256;
+  art.teacher_file = ck.path.substr(ck.path.find_last_of('/') + 1);
+  art.created_utc = utc_now();
+  result.summary =
+      json{{"checkpoint", ckpt_path}, {"spec", spec_path}, {"calibration", calib.path()}, {"layers", json::array()}};
+  for (const LayerSpec* lp : layers) {
+    auto layer = compile_layer(*lp, ck, calib, spec_path, setup, opt, bytes_read);
+    art.layers.push_back(std::move(layer.first));
+    result.summary["layers"].push_back(std::move(layer.second));
+  }
+  result.summary["distributed"] = distributed_summary(comm, bytes_read);
   result.summary["total_time_s"] = seconds_since(t_all);
   return result;
 }
