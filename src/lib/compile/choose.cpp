@@ -121,6 +121,68 @@ json Choice::to_json(const std::vector<OperatorCandidate>& c) const {
               {"operators", table}};
 }
 
+namespace {
+
+// Candidates the options allow, in order of held-out error; errors within
+// rounding of each other (kTieRel) are a tie, broken by fewer passes, then
+// candidate order.
+std::vector<int> error_order(const std::vector<OperatorCandidate>& c, const ChoiceOptions& o) {
+  std::vector<int> order;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (allowed(c[i], o)) order.push_back(static_cast<int>(i));
+  auto err = [&](int i) { return c[static_cast<size_t>(i)].error; };
+  auto passes = [&](int i) { return c[static_cast<size_t>(i)].op.lse_passes(); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return err(a) < err(b); });
+  for (size_t a = 0; a < order.size();) {
+    size_t b = a + 1;
+    while (b < order.size() && close_to(err(order[b]), err(order[a]))) ++b;
+    std::sort(order.begin() + static_cast<std::ptrdiff_t>(a), order.begin() + static_cast<std::ptrdiff_t>(b),
+              [&](int x, int y) { return passes(x) != passes(y) ? passes(x) < passes(y) : x < y; });
+    a = b;
+  }
+  return order;
+}
+
+// The decision sentence of a choice (ch.index >= 0) under objective o.
+std::string decision_sentence(const std::vector<OperatorCandidate>& c, const Choice& ch, const ChoiceOptions& o) {
+  const double t0 = ch.teacher_latency;
+  const std::string need = times(o.min_speedup);
+  const auto& w = c[static_cast<size_t>(ch.index)];
+  const double speed = w.latency > 0 ? t0 / w.latency : 1.0;
+  std::string d = w.name + ": held-out attention error " + fmt(w.error) + ", " + times(speed) + " the teacher's speed";
+  const int sk = best_sinkhorn_within(c, w.latency);
+  if (w.op.kind == OperatorKind::kAsap && sk >= 0 && sk != 0)
+    d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
+         fmt(c[static_cast<size_t>(sk)].error);
+  if (o.objective == Objective::kMinSpeedup) {
+    if (!ch.target_met) {
+      d += w.latency < t0 ? " -- no operator reaches " + need +
+                                " the teacher's speed here, so this is the most accurate one faster than the teacher"
+                          : " -- no operator reaches " + need + " the teacher's speed here, nor is any faster than it";
+    } else if (w.op.kind == OperatorKind::kSinkhorn) {
+      double best_asap = std::numeric_limits<double>::infinity();
+      for (const auto& x : c)
+        if (x.op.kind == OperatorKind::kAsap && x.latency > 0 && x.latency <= t0 / o.min_speedup)
+          best_asap = std::min(best_asap, x.error);
+      d += std::isfinite(best_asap)
+               ? " -- plain Sinkhorn beats every ASAP map at " + need + " (best ASAP error there: " + fmt(best_asap) +
+                     ")"
+               : " -- no ASAP map runs at " + need + " the teacher's speed on this machine and shape";
+    } else if (w.op.kind == OperatorKind::kTeacher) {
+      d += " -- nothing else is fast enough";
+    }
+  } else if (o.objective == Objective::kMaxError) {
+    d += ch.target_met ? " -- the fastest operator within attention error " + fmt(o.max_error)
+                       : " -- no operator reaches attention error " + fmt(o.max_error) + "; this is the most accurate";
+  } else {
+    d += " -- the most accurate ASAP map within " + std::to_string(o.pass_budget) +
+         " log-sum-exp passes (--objective fidelity)";
+  }
+  return d;
+}
+
+}  // namespace
+
 Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, const ChoiceOptions& o,
                        LatencyModel& model) {
   ASAP_CHECK(!c.empty() && c[0].op.kind == OperatorKind::kTeacher,
@@ -140,21 +202,8 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
   // order prunes: under min-speedup nothing less accurate than the winner
   // is timed, under max-error nothing outside the bound.
 
-  // Candidates in order of error; errors within rounding of each other
-  // (kTieRel) are a tie, broken by fewer passes, then candidate order.
-  std::vector<int> order;
-  for (size_t i = 0; i < c.size(); ++i)
-    if (allowed(c[i], o)) order.push_back(static_cast<int>(i));
+  const std::vector<int> order = error_order(c, o);
   auto err = [&](int i) { return c[static_cast<size_t>(i)].error; };
-  auto passes = [&](int i) { return c[static_cast<size_t>(i)].op.lse_passes(); };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return err(a) < err(b); });
-  for (size_t a = 0; a < order.size();) {
-    size_t b = a + 1;
-    while (b < order.size() && close_to(err(order[b]), err(order[a]))) ++b;
-    std::sort(order.begin() + static_cast<std::ptrdiff_t>(a), order.begin() + static_cast<std::ptrdiff_t>(b),
-              [&](int x, int y) { return passes(x) != passes(y) ? passes(x) < passes(y) : x < y; });
-    a = b;
-  }
   auto within = [](double latency, double target) { return latency > 0 && latency <= target * (1 + kTieRel); };
   // The first candidate in `order` that fits the target, timing untimed
   // ones in chunks (in order) as the scan reaches them.
@@ -243,42 +292,10 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
     if (ch.index >= 0 && c[static_cast<size_t>(ch.index)].latency < 0) timer.time({ch.index});
   }
 
-  // The sentence.
   ch.teacher_latency = t0;
   ch.latency_calls = timer.calls();
   if (ch.index < 0) return ch;  // no candidate at all (kFidelity without held-out data): the caller's default
-  const auto& w = c[static_cast<size_t>(ch.index)];
-  const double speed = w.latency > 0 ? t0 / w.latency : 1.0;
-  std::string d = w.name + ": held-out attention error " + fmt(w.error) + ", " + times(speed) + " the teacher's speed";
-  const int sk = best_sinkhorn_within(c, w.latency);
-  if (w.op.kind == OperatorKind::kAsap && sk >= 0 && sk != 0)
-    d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
-         fmt(c[static_cast<size_t>(sk)].error);
-  if (o.objective == Objective::kMinSpeedup) {
-    if (!ch.target_met) {
-      d += w.latency < t0 ? " -- no operator reaches " + need +
-                                " the teacher's speed here, so this is the most accurate one faster than the teacher"
-                          : " -- no operator reaches " + need + " the teacher's speed here, nor is any faster than it";
-    } else if (w.op.kind == OperatorKind::kSinkhorn) {
-      double best_asap = std::numeric_limits<double>::infinity();
-      for (const auto& x : c)
-        if (x.op.kind == OperatorKind::kAsap && x.latency > 0 && x.latency <= t0 / o.min_speedup)
-          best_asap = std::min(best_asap, x.error);
-      d += std::isfinite(best_asap)
-               ? " -- plain Sinkhorn beats every ASAP map at " + need + " (best ASAP error there: " + fmt(best_asap) +
-                     ")"
-               : " -- no ASAP map runs at " + need + " the teacher's speed on this machine and shape";
-    } else if (w.op.kind == OperatorKind::kTeacher) {
-      d += " -- nothing else is fast enough";
-    }
-  } else if (o.objective == Objective::kMaxError) {
-    d += ch.target_met ? " -- the fastest operator within attention error " + fmt(o.max_error)
-                       : " -- no operator reaches attention error " + fmt(o.max_error) + "; this is the most accurate";
-  } else {
-    d += " -- the most accurate ASAP map within " + std::to_string(o.pass_budget) +
-         " log-sum-exp passes (--objective fidelity)";
-  }
-  ch.decision = d;
+  ch.decision = decision_sentence(c, ch, o);
   return ch;
 }
 
