@@ -661,7 +661,7 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   asap::write_spec(dir / "spec.json", vit_spec(6));
   asap::CompileOptions o;
   o.slice_bank = 8;
-  o.fit = "kl";
+  o.fit = asap::FitKind::kKl;
   o.kl_ridge = 1e-4;
   o.objective = asap::Objective::kFidelity;
   o.layers = {"transformer.layers.0.0.fn"};
@@ -678,7 +678,7 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   // either it is no worse, or the LS coefficients are what the artifact holds.
   const double e_ls = kl["heldout_attention_error_ls"].get<double>(),
                e_kl = kl["heldout_attention_error_kl"].get<double>();
-  o.fit = "ls";
+  o.fit = asap::FitKind::kLs;
   o.objective = asap::Objective::kFidelity;  // the same operator as the KL compile's, whatever the timings
   auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const bool fell_back = kl["fell_back_to_ls"];
@@ -693,7 +693,7 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   CHECK(ls_art == doctest::Approx(e_ls).epsilon(1e-4));
   // A KL fit held near zero by a huge ridge ends worse than LS: the LS
   // coefficients are what the artifact stores.
-  o.fit = "kl";
+  o.fit = asap::FitKind::kKl;
   o.kl_ridge = 1e4;
   auto shrunk = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   CHECK(shrunk.summary["layers"][0]["kl"]["fell_back_to_ls"].get<bool>());
@@ -706,7 +706,7 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   asap::write_spec(dir / "spec.json", vit_spec(6));
   asap::CompileOptions o;
   o.slice_bank = 8;
-  o.fit = "attention";
+  o.fit = asap::FitKind::kAttention;
   o.attention_iters = 15;
   o.objective = asap::Objective::kFidelity;
   o.layers = {"transformer.layers.0.0.fn"};
@@ -721,7 +721,7 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   // The refit's best held-out objective is below its LS start here (it is
   // the LS start by construction when nothing improves on it).
   CHECK(af["heldout_objective"].get<double>() < af["heldout_objective_ls"].get<double>());
-  o.fit = "ls";
+  o.fit = asap::FitKind::kLs;
   auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const double e_ls = af["heldout_attention_error_ls"].get<double>(),
                e_re = af["heldout_attention_error_refit"].get<double>();
@@ -906,16 +906,16 @@ TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itsel
     CHECK(s["chosen"]["heldout_attention_error"].get<double>() < 1e-6);
   }
   // --fit kl leaves a chosen k-matched map with its LS coefficients and says so.
-  o.fit = "kl";
+  o.fit = asap::FitKind::kKl;
   auto kl = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (size_t i = 0; i < kl.artifact.layers.size(); ++i) {
     REQUIRE(kl.summary["layers"][i]["chosen"]["target"] == "k-matched");
     CHECK(kl.summary["layers"][i]["kl"].contains("skipped"));
     CHECK(at::equal(kl.artifact.layers[i].coef, r.artifact.layers[i].coef));
   }
-  o.fit = "ls";
+  o.fit = asap::FitKind::kLs;
   // --targets closure-ready leaves them out.
-  o.targets = "closure-ready";
+  o.targets = asap::Targets::kClosureReady;
   auto cr = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (const auto& s : cr.summary["layers"])
     for (const auto& c : s["candidates"]) CHECK(c["target"] == "closure-ready");
@@ -937,5 +937,17 @@ TEST_CASE("compile and verify select layers by name: all, or the named ones in o
   CHECK(some[0] == &all[2]);
   CHECK(some[1] == &all[0]);
   CHECK_THROWS_WITH_AS(asap::detail::select_by_name(all, {"b", "z"}, name_of, missing), "no layer 'z' here",
+                       asap::Error);
+}
+
+TEST_CASE("compile: --fit and --targets parse to their enums and back, and refuse other names in one sentence") {
+  for (auto f : {asap::FitKind::kLs, asap::FitKind::kKl, asap::FitKind::kAttention})
+    CHECK(asap::parse_fit(asap::fit_name(f)) == f);
+  for (auto t : {asap::Targets::kBoth, asap::Targets::kClosureReady, asap::Targets::kKMatched})
+    CHECK(asap::parse_targets(asap::targets_name(t)) == t);
+  CHECK(std::string(asap::fit_name(asap::FitKind::kKl)) == "kl");
+  CHECK(std::string(asap::targets_name(asap::Targets::kKMatched)) == "k-matched");
+  CHECK_THROWS_WITH_AS(asap::parse_fit("LS"), "--fit must be 'ls', 'kl' or 'attention', found 'LS'", asap::Error);
+  CHECK_THROWS_WITH_AS(asap::parse_targets("k"), "--targets must be both, closure-ready or k-matched, found 'k'",
                        asap::Error);
 }

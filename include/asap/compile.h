@@ -79,6 +79,20 @@ enum class Objective {
 // The largest slice bank compile accepts.
 constexpr int64_t kMaxSliceBank = 4096;
 
+// The coefficient fit (--fit): ridge least squares; convex forward KL; or
+// LS, then refined by L-BFGS on the attention error after the operator's
+// closures (kept only when held-out error improves).
+enum class FitKind { kLs, kKl, kAttention };
+const char* fit_name(FitKind f);             // "ls", "kl", "attention"
+FitKind parse_fit(const std::string& name);  // one sentence naming --fit when unknown
+
+// The dual the LS map predicts (--targets): the closure-ready f* (run with
+// any k), the k-matched row dual after T - k half-steps (run with exactly k
+// closures), or both as candidates (docs/decisions.md).
+enum class Targets { kBoth, kClosureReady, kKMatched };
+const char* targets_name(Targets t);             // "both", "closure-ready", "k-matched"
+Targets parse_targets(const std::string& name);  // one sentence naming --targets when unknown
+
 struct CompileOptions {
   int64_t slice_bank = 64;            // slices drawn and stored per layer
   std::vector<int64_t> slice_counts;  // nested prefixes tried; empty = {0, 1, 2, 4, ..., slice_bank}
@@ -103,17 +117,14 @@ struct CompileOptions {
   uint64_t seed = 1234;                   // slice bank and split
   int64_t max_examples = 0;               // > 0: use only the first examples of the file
   std::vector<std::string> layers;        // empty = every layer of the spec
-  std::string fit = "ls";                 // "ls", "kl" or "attention" (LS, then refit on the attention error)
-  // Dual the LS map predicts: "closure-ready" (f*, run with any k),
-  // "k-matched" (the teacher's row dual after T - k half-steps, run with
-  // exactly k closures), or "both" as candidates (docs/decisions.md).
-  std::string targets = "both";
-  double kl_ridge = -1;            // >= 0: fixed KL ridge
-  int kl_max_iters = 20;           // Newton iterations
-  double kl_cache_mb = 512;        // memory budget for caching KL (and attention refit) batches
-  int attention_iters = 60;        // L-BFGS iterations of --fit attention
-  bool float64 = false;            // run teacher and features in float64
-  bool skip_bad_examples = false;  // exclude examples whose scores overflow (warning) instead of refusing
+  FitKind fit = FitKind::kLs;             // --fit
+  Targets targets = Targets::kBoth;       // --targets
+  double kl_ridge = -1;                   // >= 0: fixed KL ridge
+  int kl_max_iters = 20;                  // Newton iterations
+  double kl_cache_mb = 512;               // memory budget for caching KL (and attention refit) batches
+  int attention_iters = 60;               // L-BFGS iterations of --fit attention
+  bool float64 = false;                   // run teacher and features in float64
+  bool skip_bad_examples = false;         // exclude examples whose scores overflow (warning) instead of refusing
   // Set: this process is one rank of a distributed compile (asap/dist.h).
   // Every rank must call compile_teacher with the same options; each
   // streams its share, sums are reduced, rank 0 measures latency and

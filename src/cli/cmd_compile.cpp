@@ -28,6 +28,7 @@ struct CompileArgs {
   std::string heads = "auto";
   std::string report, report_json;
   std::string objective = "min-speedup", latency_table;
+  std::string fit = "ls", targets = "both";  // parsed into opt.fit / opt.targets
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
@@ -146,7 +147,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("-o,--output", a->out, "artifact to write (HDF5)")->required();
   auto& o = a->opt;
   c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)")->delimiter(',');
-  c->add_option("--fit", o.fit,
+  c->add_option("--fit", a->fit,
                 "coefficient fit: ls (ridge least squares), kl (convex forward KL), or attention (LS, then refined "
                 "by L-BFGS on the attention error after the operator's closures; kept if held-out error improves)")
       ->capture_default_str();
@@ -164,7 +165,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--ridge", o.ridge, "fixed LS ridge (default: chosen on held-out data)");
   c->add_option("--ridge-grid", o.ridge_grid, "LS ridge candidates (default 0, 1e-8 ... 1)")->delimiter(',');
-  c->add_option("--targets", o.targets,
+  c->add_option("--targets", a->targets,
                 "dual the map predicts: closure-ready (run with any k), k-matched (the teacher's dual after T - k "
                 "half-steps, run with exactly k closures), or both as candidates")
       ->capture_default_str();
@@ -243,6 +244,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                          {"--rank", Takes::kNonNegativeInt},
                          {"--world-size", Takes::kPositiveInt}});
       apply_objective(*a);
+      a->opt.fit = asap::parse_fit(a->fit);
+      a->opt.targets = asap::parse_targets(a->targets);
       a->opt.candidates = candidates_of(a->features, a->heads);
       const std::vector<std::string> calib = expand_files(a->calib, "--calib");
       // One process, or one rank of a group (docs/distributed.md): every

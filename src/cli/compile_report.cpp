@@ -62,7 +62,7 @@ nlohmann::json write_compile_report(const asap::Artifact& art, const std::string
     j = asap::verify(art, artifact_path, ck, calib, vo).to_json();
   }
   j["source"] = "compile";
-  j["fit"] = opt.fit;
+  j["fit"] = asap::fit_name(opt.fit);
   if (!comm || comm->rank() == 0)
     asap::write_report(j, html_path, json_path, "asapc compile report: " + artifact_path, note);
   return j;

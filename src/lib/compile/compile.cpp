@@ -32,6 +32,42 @@ namespace asap {
 using nlohmann::json;
 using namespace compile_detail;
 
+const char* fit_name(FitKind f) {
+  switch (f) {
+    case FitKind::kLs:
+      return "ls";
+    case FitKind::kKl:
+      return "kl";
+    case FitKind::kAttention:
+      return "attention";
+  }
+  return "?";
+}
+
+FitKind parse_fit(const std::string& name) {
+  for (FitKind f : {FitKind::kLs, FitKind::kKl, FitKind::kAttention})
+    if (name == fit_name(f)) return f;
+  throw Error(str("--fit must be 'ls', 'kl' or 'attention', found '", name, "'"));
+}
+
+const char* targets_name(Targets t) {
+  switch (t) {
+    case Targets::kBoth:
+      return "both";
+    case Targets::kClosureReady:
+      return "closure-ready";
+    case Targets::kKMatched:
+      return "k-matched";
+  }
+  return "?";
+}
+
+Targets parse_targets(const std::string& name) {
+  for (Targets t : {Targets::kBoth, Targets::kClosureReady, Targets::kKMatched})
+    if (name == targets_name(t)) return t;
+  throw Error(str("--targets must be both, closure-ready or k-matched, found '", name, "'"));
+}
+
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(example) + 0x632BE59BD9B4E019ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -83,11 +119,7 @@ Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.batch_size >= 1, "--batch-size must be at least 1, found ", opt.batch_size);
   ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
              " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
-  ASAP_CHECK(opt.fit == "ls" || opt.fit == "kl" || opt.fit == "attention",
-             "--fit must be 'ls', 'kl' or 'attention', found '", opt.fit, "'");
   ASAP_CHECK(opt.attention_iters >= 1, "--attention-iters must be at least 1, found ", opt.attention_iters);
-  ASAP_CHECK(opt.targets == "both" || opt.targets == "closure-ready" || opt.targets == "k-matched",
-             "--targets must be both, closure-ready or k-matched, found '", opt.targets, "'");
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
   ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",
              opt.selection_examples);
@@ -278,13 +310,13 @@ json compile_options_json(const CompileOptions& opt) {
               {"seed", opt.seed},
               {"max_examples", opt.max_examples},
               {"layers", opt.layers},
-              {"fit", opt.fit},
+              {"fit", fit_name(opt.fit)},
               {"kl_ridge", opt.kl_ridge},
               {"kl_max_iters", opt.kl_max_iters},
               {"kl_cache_mb", opt.kl_cache_mb},
               {"attention_iters", opt.attention_iters},
               {"float64", opt.float64},
-              {"targets", opt.targets},
+              {"targets", targets_name(opt.targets)},
               {"skip_bad_examples", opt.skip_bad_examples}};
 }
 
@@ -434,11 +466,11 @@ json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int clos
   const CompileOptions& opt = r.opt;
   json diag;
   auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
-  if (opt.fit == "kl" && f.target_k > 0) {
+  if (opt.fit == FitKind::kKl && f.target_k > 0) {
     diag = json{{"skipped",
                  "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
                  "coefficients"}};
-  } else if (opt.fit == "kl") {
+  } else if (opt.fit == FitKind::kKl) {
     KlOptions ko;
     ko.ridge = opt.kl_ridge;
     ko.max_iters = opt.kl_max_iters;
@@ -446,7 +478,7 @@ json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int clos
     auto kl = fit_kl(r.stream, r.sh, r.s, r.theta, f.family, f.cand.per_head, f.coef, is_held, ko);
     cl.coef = kl.coef;
     diag = kl.diagnostics;
-  } else if (opt.fit == "attention" && closures >= 1) {
+  } else if (opt.fit == FitKind::kAttention && closures >= 1) {
     AttnFitOptions ao;
     ao.max_iters = opt.attention_iters;
     refit_common(ao, opt, r.comm, st);
@@ -455,13 +487,13 @@ json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int clos
     diag = af.diagnostics;
   }
   if (diag.is_object() && !diag.contains("skipped") && can_select && closures >= 1) {
-    const char* what = opt.fit == "kl" ? "KL fit" : "attention refit";
+    const char* what = opt.fit == FitKind::kKl ? "KL fit" : "attention refit";
     std::vector<Fit> pair{f, f};
     pair[1].coef = cl.coef;
     heldout_errors(r.stream, r.sh, r.s, r.theta, r.widest, st.held_idx, pair, {closures, closures}, opt);
     const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
     diag["heldout_attention_error_ls"] = e_ls;
-    diag[opt.fit == "kl" ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
+    diag[opt.fit == FitKind::kKl ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
     diag["fell_back_to_ls"] = false;
     if (!(e_re <= e_ls)) {
       cl.coef = f.coef;
@@ -580,7 +612,7 @@ json layer_summary(const LayerRun& r, const Setup& setup, const Statistics& st, 
                {"sinkhorn_heldout_attention_error", sinkhorn_errors},
                {"slice_selection", ft.slice_tables},
                {"latency", {{"source", c.latency_source}, {"choice", can_select ? ch.to_json(c.cands) : json()}}},
-               {"fit", opt.fit},
+               {"fit", fit_name(opt.fit)},
                {"fit_time_s", fit_time_s},
                {"teacher_time_s", times.teacher},
                {"phase_times_s", times.to_json()},
@@ -595,7 +627,7 @@ json layer_summary(const LayerRun& r, const Setup& setup, const Statistics& st, 
                  {"deploy_batch", opt.deploy_batch},
                  {"max_closures", opt.max_closures},
                  {"float64", opt.float64}}}};
-  if (!b.refit.is_null()) summary[opt.fit == "attention" ? "attention_fit" : "kl"] = b.refit;
+  if (!b.refit.is_null()) summary[opt.fit == FitKind::kAttention ? "attention_fit" : "kl"] = b.refit;
   return summary;
 }
 

@@ -53,7 +53,7 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
     const LsStats *train, *held;
   };
   std::vector<Target> targets;
-  if (opt.targets != "k-matched" || st.matched.empty()) targets.push_back({0, &st.train, &st.held});
+  if (opt.targets != Targets::kKMatched || st.matched.empty()) targets.push_back({0, &st.train, &st.held});
   for (const auto& m : st.matched)
     if (!m.train.empty()) targets.push_back({m.k, &m.train, &m.held});
   for (const auto& tg : targets)

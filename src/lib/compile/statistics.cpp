@@ -69,7 +69,7 @@ void reduce_statistics(Communicator* comm, Statistics& st, int64_t H, int64_t P)
 
 std::vector<int> matched_closures(const LayerSpec& s, const CompileOptions& opt) {
   std::vector<int> ks;
-  if (opt.targets == "closure-ready") return ks;
+  if (opt.targets == Targets::kClosureReady) return ks;
   for (int k = 2; k <= opt.max_closures && s.T - k >= 1; ++k)
     if ((s.T - k) % 2 == 1) ks.push_back(k);
   return ks;
