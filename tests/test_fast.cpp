@@ -1,4 +1,4 @@
-// The fused CPU fast path (asap/fast.h) against the ATen reference path:
+// The fused CPU fast path (fast/fast.h) against the ATen reference path:
 // teacher, features, compiled operator and ESP attention, on random inputs
 // with and without padding, both mask conventions, every instruction set the
 // CPU has, heads-parallel and within-head strategies, stored and recomputed
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"

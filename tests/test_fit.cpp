@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "asap/features.h"
-#include "asap/fit.h"
+#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "test_util.h"

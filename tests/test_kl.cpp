@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "asap/features.h"
-#include "asap/fit.h"
+#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "compile/kl_fit.h"

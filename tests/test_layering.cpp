@@ -1,6 +1,6 @@
 // The run-time code depends in one direction (docs/performance.md,
 // "Layering"): the runtime (src/lib/runtime/, asap/runtime.h) chooses
-// between the fused kernels (src/lib/fast/, asap/fast.h) and the ATen
+// between the fused kernels (src/lib/fast/, fast/fast.h) and the ATen
 // reference (src/lib/reference/, asap/teacher.h, asap/operator.h,
 // asap/features.h); neither of those two includes the runtime or the other,
 // or calls the other's entry points. Read from the source tree.
@@ -53,7 +53,7 @@ std::vector<std::string> offending(const std::vector<fs::path>& files, const std
 }  // namespace
 
 TEST_CASE("layering: the kernels know neither the runtime nor the reference path") {
-  const auto files = layer_files("fast", {"fast.h"});
+  const auto files = layer_files("fast", {});
   REQUIRE(files.size() > 10);
   const std::regex includes(R"(#include\s+"(asap/runtime\.h|asap/operator\.h|asap/features\.h|runtime/|reference/))");
   const std::regex calls(
@@ -68,7 +68,8 @@ TEST_CASE("layering: the reference path knows neither the runtime nor the kernel
   const std::regex includes(R"(#include\s+"(asap/runtime\.h|asap/fast\.h|runtime/|fast/))");
   const std::regex calls(R"(\bfast::\w+\s*\(|\b(run_teacher|run_layer)\s*\()");
   for (const auto& hit : offending(files, includes)) FAIL_CHECK("reference/ includes above or beside itself: " << hit);
-  for (const auto& hit : offending(files, calls)) FAIL_CHECK("reference/ calls a runtime or kernel entry point: " << hit);
+  for (const auto& hit : offending(files, calls))
+    FAIL_CHECK("reference/ calls a runtime or kernel entry point: " << hit);
 }
 
 // Every folder of src/lib has a layer (docs/architecture.md, "Folders and
@@ -80,19 +81,20 @@ namespace {
 
 const std::map<std::string, int>& folder_layers() {
   static const std::map<std::string, int> m = {
-      {"util", 0}, {"checkpoint", 1}, {"report", 1}, {"model", 2},   {"fast", 3},   {"reference", 3},
-      {"io", 3},   {"runtime", 4},    {"distributed", 4},   {"compile", 5}, {"verify", 6},
+      {"util", 0}, {"checkpoint", 1}, {"report", 1},      {"model", 2},   {"fast", 3},   {"reference", 3},
+      {"io", 3},   {"runtime", 4},    {"distributed", 4}, {"compile", 5}, {"verify", 6},
   };
   return m;
 }
 
 const std::map<std::string, std::string>& header_owners() {
   static const std::map<std::string, std::string> m = {
-      {"error.h", "util"},   {"checkpoint.h", "checkpoint"}, {"report.h", "report"}, {"spec.h", "model"},
-      {"layer.h", "model"},  {"layer_call.h", "model"},      {"types.h", "model"},   {"fast.h", "fast"},
-      {"teacher.h", "reference"}, {"operator.h", "reference"},         {"features.h", "reference"}, {"fit.h", "reference"},
-      {"metrics.h", "reference"}, {"artifact.h", "io"},           {"calib.h", "io"},      {"runtime.h", "runtime"},
-      {"dist.h", "distributed"},    {"compile.h", "compile"},       {"verify.h", "verify"},
+      {"error.h", "util"},         {"checkpoint.h", "checkpoint"}, {"report.h", "report"},
+      {"spec.h", "model"},         {"layer.h", "model"},           {"layer_call.h", "model"},
+      {"types.h", "model"},        {"teacher.h", "reference"},     {"operator.h", "reference"},
+      {"features.h", "reference"}, {"metrics.h", "reference"},     {"artifact.h", "io"},
+      {"calib.h", "io"},           {"runtime.h", "runtime"},       {"dist.h", "distributed"},
+      {"compile.h", "compile"},    {"verify.h", "verify"},
   };
   return m;
 }

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"

@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"

@@ -5,7 +5,7 @@
 //
 //   asap/runtime.h   run_teacher, run_layer, CompiledModel: the one place
 //        |           that chooses between the two paths below
-//        +--> asap/fast.h      fused CPU kernels (src/lib/fast/)
+//        +--> fast/fast.h      fused CPU kernels (src/lib/fast/)
 //        +--> asap/teacher.h,  ATen reference (src/lib/reference/)
 //             asap/operator.h
 //

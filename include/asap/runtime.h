@@ -65,4 +65,12 @@ class CompiledModel {
   std::string path_;
 };
 
+// What the fused CPU kernels run on here: the instruction set in use (the
+// best this CPU supports, or ASAP_FAST_ISA), every one compiled in and
+// supported, best last, and whether at::parallel_for runs in parallel in
+// this build (false: LibTorch uses OpenMP and asapc was built without it).
+std::string kernel_isa();
+std::vector<std::string> kernel_isas();
+bool kernels_parallel();
+
 }  // namespace asap

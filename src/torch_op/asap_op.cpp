@@ -53,7 +53,6 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "asap/fast.h"
 #include "asap/runtime.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
@@ -282,10 +281,10 @@ std::tuple<at::Tensor, at::Tensor> op_teacher(const at::Tensor& q, const at::Ten
 std::string op_machine() {
   return guarded("machine", []() -> std::string {
     nlohmann::json j;
-    j["isa"] = asap::fast::isa_for();
-    j["available_isas"] = asap::fast::available_isas();
+    j["isa"] = asap::kernel_isa();
+    j["available_isas"] = asap::kernel_isas();
     j["threads"] = static_cast<int64_t>(at::get_num_threads());
-    j["parallel_build"] = asap::fast::parallel_build();
+    j["parallel_build"] = asap::kernels_parallel();
     return j.dump();
   });
 }

@@ -18,7 +18,7 @@
 #include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/features.h"
-#include "asap/fit.h"
+#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "compile/attn_fit.h"
 #include "compile/choose.h"

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"
 #include "io/layer_stream.h"

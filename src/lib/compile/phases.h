@@ -12,7 +12,7 @@
 #include "asap/artifact.h"
 #include "asap/compile.h"
 #include "asap/dist.h"
-#include "asap/fit.h"
+#include "reference/fit.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"
 #include "io/layer_stream.h"

@@ -1,4 +1,4 @@
-// The public fast path (asap/fast.h): argument checks, dtype dispatch, the
+// The public fast path (fast/fast.h): argument checks, dtype dispatch, the
 // parallel drive over heads, and conversion of the engine's compact per-head
 // results to the reference path's tensors.
 #include <ATen/ATen.h>
@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "asap/layer_call.h"
 #include "fast/engine.h"
 #include "fast/slices.h"

@@ -7,7 +7,7 @@
 #include <new>
 #include <string>
 
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "fast/kernels.h"
 
 namespace asap {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "asap/fast.h"
+#include "fast/fast.h"
 #include "fast/common.h"
 #include "fast/slices.h"
 #include "fast/sort.h"

@@ -1,4 +1,4 @@
-// Internal interface of the fused CPU kernels behind asap/fast.h.
+// Internal interface of the fused CPU kernels behind fast/fast.h.
 //
 // The kernels are compiled several times, once per instruction set
 // (kernels_generic.cpp, kernels_avx2.cpp, kernels_avx512.cpp, each including

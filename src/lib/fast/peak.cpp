@@ -1,4 +1,4 @@
-// measure_peak (asap/fast.h): the machine's multiply-add and exponential
+// measure_peak (fast/fast.h): the machine's multiply-add and exponential
 // throughput on the fused kernels' own instruction set, all threads busy.
 #include <ATen/Parallel.h>
 

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "asap/error.h"
-#include "asap/fit.h"
+#include "reference/fit.h"
 
 namespace asap {
 

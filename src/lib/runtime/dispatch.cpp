@@ -1,4 +1,4 @@
-// The one place that chooses between the fused CPU kernels (asap/fast.h)
+// The one place that chooses between the fused CPU kernels (fast/fast.h)
 // and the ATen reference (asap/teacher.h, asap/operator.h) for the public
 // entry points run_teacher and run_layer (docs/performance.md, "Layering").
 // Neither path knows the other or this file.
@@ -7,10 +7,10 @@
 #include <limits>
 
 #include "asap/error.h"
-#include "asap/fast.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "fast/fast.h"
 
 namespace asap {
 
@@ -85,5 +85,9 @@ LayerOutput run_layer(const CompiledLayer& L, const at::Tensor& q, const at::Ten
   propagate_nonfinite(r, q, k, v);
   return r;
 }
+
+std::string kernel_isa() { return fast::isa_for(); }
+std::vector<std::string> kernel_isas() { return fast::available_isas(); }
+bool kernels_parallel() { return fast::parallel_build(); }
 
 }  // namespace asap

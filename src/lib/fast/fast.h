@@ -1,4 +1,4 @@
-// asap/fast.h -- fused CPU kernels for the teacher, the compiled operator and
+// fast/fast.h -- fused CPU kernels for the teacher, the compiled operator and
 // the features (docs/performance.md).
 //
 // Same inputs and outputs as the ATen reference paths (asap/teacher.h,

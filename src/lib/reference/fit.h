@@ -1,4 +1,4 @@
-// asap/fit.h -- fitting the coefficients (asap-math.md section 6).
+// reference/fit.h -- fitting the coefficients (asap-math.md section 6).
 //
 // LS sufficient statistics are kept per head for the widest feature family
 // compiled; pooled statistics, nested slice prefixes and narrower families
