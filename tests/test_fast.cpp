@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "fast/common.h"
+#include "fast/fast.h"
 #include "fast/sort.h"
 #include "test_util.h"
 

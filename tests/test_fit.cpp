@@ -6,9 +6,9 @@
 #include <limits>
 
 #include "asap/features.h"
-#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "reference/fit.h"
 #include "test_util.h"
 
 using asap_test::load_json;

@@ -3,10 +3,10 @@
 #include <ATen/ATen.h>
 
 #include "asap/features.h"
-#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "compile/kl_fit.h"
+#include "reference/fit.h"
 #include "test_util.h"
 
 using asap_test::load_json;

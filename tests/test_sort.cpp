@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "fast/common.h"
+#include "fast/fast.h"
 #include "fast/sort.h"
 #include "fast/sort_network.h"
 #include "test_util.h"

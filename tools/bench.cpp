@@ -48,10 +48,10 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/features.h"
 #include "asap/runtime.h"
 #include "asap/teacher.h"
+#include "fast/fast.h"
 #include "fast/sort_network.h"
 
 namespace {

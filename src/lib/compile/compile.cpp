@@ -18,13 +18,13 @@
 #include "asap/dist.h"
 #include "asap/error.h"
 #include "asap/features.h"
-#include "reference/fit.h"
 #include "asap/runtime.h"
 #include "compile/attn_fit.h"
 #include "compile/choose.h"
 #include "compile/kl_fit.h"
 #include "compile/phases.h"
 #include "io/layer_stream.h"
+#include "reference/fit.h"
 #include "util/select.h"
 
 namespace asap {

@@ -3,10 +3,10 @@
 #include <ATen/ATen.h>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"
+#include "fast/fast.h"
 #include "io/layer_stream.h"
 
 namespace asap {

@@ -8,9 +8,9 @@
 #include <map>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"
+#include "fast/fast.h"
 #include "io/layer_stream.h"
 #include "util/timing.h"
 

@@ -12,9 +12,9 @@
 #include "asap/artifact.h"
 #include "asap/compile.h"
 #include "asap/dist.h"
-#include "reference/fit.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
+#include "reference/fit.h"
 
 namespace asap {
 

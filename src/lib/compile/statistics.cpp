@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/runtime.h"
 #include "compile/phases.h"
+#include "fast/fast.h"
 #include "io/layer_stream.h"
 
 namespace asap {

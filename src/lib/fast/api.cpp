@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "asap/layer_call.h"
 #include "fast/engine.h"
+#include "fast/fast.h"
 #include "fast/slices.h"
 
 namespace asap {

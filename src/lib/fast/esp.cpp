@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "asap/error.h"
-#include "fast/fast.h"
 #include "fast/common.h"
+#include "fast/fast.h"
 #include "fast/slices.h"
 #include "fast/sort.h"
 
