@@ -355,7 +355,8 @@ FeatureFamily widest_family(const Setup& setup, const CompileOptions& opt) {
 Statistics layer_statistics(const LayerRun& r, const std::string& calib_path, PhaseTimes& times) {
   const LayerSpec& s = r.s;
   const CompileOptions& opt = r.opt;
-  Statistics st = gather_statistics(r.stream, r.sh, s, r.theta, r.widest, opt, matched_closures(s, opt), times);
+  Statistics st = gather_statistics(r.stream, r.sh, s, r.theta, r.widest, statistics_options(opt),
+                                    matched_closures(s, opt.max_closures, opt.targets), times);
   ASAP_CHECK(!st.train.empty(), "calibration file '", calib_path, "': layer '", s.name, "' left no training examples (",
              r.sh.total, " examples, held-out fraction ", opt.heldout_fraction, ")");
   if (!st.excluded.empty() && opt.warn) {
@@ -372,7 +373,8 @@ Statistics layer_statistics(const LayerRun& r, const std::string& calib_path, Ph
 
 // Step 2: the candidate fits, with their warnings.
 FitTable layer_fits(const LayerRun& r, const Statistics& st, const Setup& setup, bool can_select) {
-  FitTable ft = fit_candidates(st, r.widest, setup.candidates, setup.slice_counts, setup.grid, r.opt, can_select);
+  FitTable ft = fit_candidates(st, r.widest, setup.candidates, setup.slice_counts, setup.grid,
+                               FitOptions{r.opt.ridge, r.opt.targets}, can_select);
   if (!ft.nan_fits.empty() && r.opt.warn)
     r.opt.warn(str("layer '", r.s.name, "': ", ft.nan_fits.size(),
                    " candidate fit(s) have a NaN held-out dual error and "
@@ -490,7 +492,7 @@ json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int clos
     const char* what = opt.fit == FitKind::kKl ? "KL fit" : "attention refit";
     std::vector<Fit> pair{f, f};
     pair[1].coef = cl.coef;
-    heldout_errors(r.stream, r.sh, r.s, r.theta, r.widest, st.held_idx, pair, {closures, closures}, opt);
+    heldout_errors(r.stream, r.sh, r.s, r.theta, r.widest, st.held_idx, pair, {closures, closures}, error_options(opt));
     const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
     diag["heldout_attention_error_ls"] = e_ls;
     diag[opt.fit == FitKind::kKl ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
@@ -664,7 +666,7 @@ std::pair<CompiledLayer, json> compile_layer(const LayerSpec& s, const Checkpoin
   HeldoutErrors he;  // 3. held-out errors of every candidate operator
   if (can_select)
     he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits,
-                        closures_to_evaluate(ft.fits, s, opt, budget), opt);
+                        closures_to_evaluate(ft.fits, s, opt, budget), error_options(opt));
   times.selection = seconds_since(t);
   t = Clock::now();
   Chosen c = layer_choice(r, st, ft, he, can_select, times);  // 4 + 5. latency and choice

@@ -35,9 +35,18 @@ double softmax_error_sum(const HeadBatch& b, const LayerSpec& s, const Conventio
 
 }  // namespace
 
+ErrorOptions error_options(const CompileOptions& opt) {
+  ErrorOptions o;
+  o.batch_size = opt.batch_size;
+  o.selection_examples = opt.selection_examples;
+  o.comm = opt.comm.get();
+  o.progress = opt.progress;
+  return o;
+}
+
 HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const std::vector<int64_t>& held_idx, std::vector<Fit>& fits,
-                             const std::vector<int>& k_eval, const CompileOptions& opt) {
+                             const std::vector<int>& k_eval, const ErrorOptions& opt) {
   ASAP_CHECK(k_eval.size() == fits.size(), "heldout_errors: one k per fit expected");
   HeldoutErrors out;
   const Convention conv = convention_of(s);

@@ -45,7 +45,7 @@ std::string Fit::name() const {
 
 FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const std::vector<Candidate>& candidates,
                         const std::vector<int64_t>& slice_counts, const std::vector<double>& grid,
-                        const CompileOptions& opt, bool can_select) {
+                        const FitOptions& opt, bool can_select) {
   FitTable out;
   // The closure-ready target, then each k-matched one (docs/decisions.md).
   struct Target {

@@ -48,14 +48,25 @@ struct Statistics {
   std::vector<int64_t> excluded;
   bool usable(int64_t e) const { return !std::binary_search(excluded.begin(), excluded.end(), e); }
 };
+// What the statistics phase reads of compile's options.
+struct StatisticsOptions {
+  int64_t batch_size = 16;        // examples per streamed batch
+  double heldout_fraction = 0.2;  // the held-out split (with seed)
+  uint64_t seed = 1234;
+  bool skip_bad_examples = false;  // exclude overflowing examples instead of refusing
+  Communicator* comm = nullptr;    // sums reduced over ranks when set
+  std::function<void(const ProgressEvent&)> progress;
+};
+StatisticsOptions statistics_options(const CompileOptions& opt);
+
 // Each rank streams its share and the sums are reduced over ranks, so every
 // rank ends with the statistics of all examples.
 Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const CompileOptions& opt, const std::vector<int>& matched_k,
-                             PhaseTimes& times);
+                             const FeatureFamily& widest, const StatisticsOptions& opt,
+                             const std::vector<int>& matched_k, PhaseTimes& times);
 // The closure counts k that have a matched target: T - k a row-dual step
 // (odd), 2 <= k <= max_closures, T - k >= 1.
-std::vector<int> matched_closures(const LayerSpec& s, const CompileOptions& opt);
+std::vector<int> matched_closures(const LayerSpec& s, int max_closures, Targets targets);
 
 // ---- fits (fits.cpp) ------------------------------------------------------
 // The family named by --features at slice prefix L.
@@ -81,13 +92,19 @@ struct FitTable {
   nlohmann::json slice_tables = nlohmann::json::array();  // per candidate: every prefix tried
   std::vector<std::string> nan_fits;  // candidate@prefix whose held-out dual error is NaN (not kept)
 };
+// What the fits phase reads of compile's options.
+struct FitOptions {
+  double ridge = -1;                 // >= 0: fixed ridge (no selection)
+  Targets targets = Targets::kBoth;  // which duals the maps predict
+};
+
 // Per candidate family and pooling, the ridge of each slice prefix from
 // held-out statistics; prefixes whose held-out dual MSE is not 1% below
 // every smaller prefix's are dropped (more slices, more latency, no gain).
 // Without held-out data: the full bank at ridge 1e-3.
 FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const std::vector<Candidate>& candidates,
                         const std::vector<int64_t>& slice_counts, const std::vector<double>& grid,
-                        const CompileOptions& opt, bool can_select);
+                        const FitOptions& opt, bool can_select);
 
 // ---- held-out errors (errors.cpp) -----------------------------------------
 // Fills every fit's error_by_k (k = 1..k_eval of that fit) and returns the
@@ -97,10 +114,19 @@ struct HeldoutErrors {
   std::vector<double> sinkhorn;  // T' = 1..T-1
   int64_t examples = 0;
 };
+// What the errors phase reads of compile's options.
+struct ErrorOptions {
+  int64_t batch_size = 16;
+  int64_t selection_examples = 64;  // held-out examples that run closures (0 = all)
+  Communicator* comm = nullptr;
+  std::function<void(const ProgressEvent&)> progress;
+};
+ErrorOptions error_options(const CompileOptions& opt);
+
 // Each rank runs its share of the selection examples; sums are reduced.
 HeldoutErrors heldout_errors(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
                              const FeatureFamily& widest, const std::vector<int64_t>& held_idx, std::vector<Fit>& fits,
-                             const std::vector<int>& k_eval, const CompileOptions& opt);
+                             const std::vector<int>& k_eval, const ErrorOptions& opt);
 
 // ---- latency (latency.cpp) ------------------------------------------------
 // The measured model: the fused operators on `deploy` examples of the layer.

@@ -67,17 +67,28 @@ void reduce_statistics(Communicator* comm, Statistics& st, int64_t H, int64_t P)
 
 }  // namespace
 
-std::vector<int> matched_closures(const LayerSpec& s, const CompileOptions& opt) {
+StatisticsOptions statistics_options(const CompileOptions& opt) {
+  StatisticsOptions o;
+  o.batch_size = opt.batch_size;
+  o.heldout_fraction = opt.heldout_fraction;
+  o.seed = opt.seed;
+  o.skip_bad_examples = opt.skip_bad_examples;
+  o.comm = opt.comm.get();
+  o.progress = opt.progress;
+  return o;
+}
+
+std::vector<int> matched_closures(const LayerSpec& s, int max_closures, Targets targets) {
   std::vector<int> ks;
-  if (opt.targets == Targets::kClosureReady) return ks;
-  for (int k = 2; k <= opt.max_closures && s.T - k >= 1; ++k)
+  if (targets == Targets::kClosureReady) return ks;
+  for (int k = 2; k <= max_closures && s.T - k >= 1; ++k)
     if ((s.T - k) % 2 == 1) ks.push_back(k);
   return ks;
 }
 
 Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const LayerSpec& s, const at::Tensor& theta,
-                             const FeatureFamily& widest, const CompileOptions& opt, const std::vector<int>& matched_k,
-                             PhaseTimes& times) {
+                             const FeatureFamily& widest, const StatisticsOptions& opt,
+                             const std::vector<int>& matched_k, PhaseTimes& times) {
   Statistics st;
   for (int k : matched_k) st.matched.push_back({k, LsStats(), LsStats()});
   // Test hook: a pause per batch, so that a test can stop a rank mid-compile.
@@ -142,7 +153,7 @@ Statistics gather_statistics(const LayerStream& stream, const Shards& sh, const 
     if (opt.progress) opt.progress({s.name, "statistics", start + count - sh.begin, sh.total});
   }
   const auto t = Clock::now();
-  reduce_statistics(opt.comm.get(), st, s.heads, widest.num_columns());
+  reduce_statistics(opt.comm, st, s.heads, widest.num_columns());
   if (opt.comm) {  // every rank's excluded examples, in rank (= index) order
     std::string mine;
     for (int64_t e : st.excluded) mine += std::to_string(e) + " ";
