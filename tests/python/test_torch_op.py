@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOLS = os.path.join(REPO, "tools")
 PYPKG = os.path.join(REPO, "python")          # the asap_torch package, from the source tree
 FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
-sys.path[:0] = [TOOLS, PYPKG]
+sys.path[:0] = [TOOLS, os.path.join(TOOLS, "bench"), PYPKG]
 import sinkformer_models as sm  # noqa: E402
 import asap_torch  # noqa: E402
 from asap_torch import reference  # noqa: E402
@@ -1022,14 +1022,14 @@ def test_compiled_sinkhorn_artifact_runs_everywhere():
 
 @test
 def test_bench_exact_table():
-    # tools/bench_pytorch.py --exact on tiny shapes: one row per shape with
+    # tools/bench/bench_pytorch.py --exact on tiny shapes: one row per shape with
     # the ratios, written between the markers of a copy of the docs page
     need_op()
     md = os.path.join(WORK, "python.md")
     shutil.copyfile(os.path.join(REPO, "docs", "python.md"), md)
     out = os.path.join(WORK, "exact.json")
     env = dict(os.environ, ASAP_TORCH_OP=asap_torch.library_path())
-    r = subprocess.run([PYTHON, os.path.join(TOOLS, "bench_pytorch.py"), "--exact", "--threads", "1",
+    r = subprocess.run([PYTHON, os.path.join(TOOLS, "bench", "bench_pytorch.py"), "--exact", "--threads", "1",
                         "--reps", "1", "--shapes", "vit:9:2x2:4:3,text:8:2x2:4:2", "--settings",
                         "default", "--json", out, "--md", md],
                        capture_output=True, text=True, cwd=REPO, env=env)
@@ -1043,7 +1043,7 @@ def test_bench_exact_table():
         doc = f.read()
     table = doc.split("<!-- exact:begin -->")[1].split("<!-- exact:end -->")[0]
     assert "| default | ViT n=9, B=2, H=2, d=4, T=3 |" in table and "text n=8" in table, table
-    assert "tools/bench.sh --exact --threads 1 --reps 1 --shapes" in table, table
+    assert "tools/bench/bench.sh --exact --threads 1 --reps 1 --shapes" in table, table
     assert "`OMP_WAIT_POLICY` unset" in table, table
     assert table.count("×") == 6, table
 

@@ -45,7 +45,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOLS = os.path.dirname(HERE)
 REPO = os.path.dirname(TOOLS)
-sys.path[:0] = [TOOLS, os.path.join(REPO, "python")]   # python/: the asap_torch package
+sys.path[:0] = [TOOLS, os.path.join(TOOLS, "train"), os.path.join(REPO, "python")]   # python/: the asap_torch package
 
 import train_teachers  # noqa: E402
 

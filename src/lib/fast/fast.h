@@ -68,7 +68,7 @@ bool parallel_build();
 // vector multiply-adds (independent chains in registers; every GEMM flop is
 // one half of one) and the kernels' own vectorised exponential over an
 // L1-resident buffer. A lower bound on an operator's time is then
-// flops / flops_per_s + exps / exps_per_s (tools/bench.cpp, docs/performance.md).
+// flops / flops_per_s + exps / exps_per_s (tools/bench/bench.cpp, docs/performance.md).
 struct MachinePeak {
   double flops_per_s = 0;  // all threads
   double exps_per_s = 0;   // all threads

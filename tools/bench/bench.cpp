@@ -546,7 +546,7 @@ int main(int argc, char** argv) try {
     // The PyTorch Sinkformer loop, same sizes and threads, run first.
     const char* py_env = std::getenv("PYTHON");
     const std::string py = py_env && *py_env ? py_env : "/usr/bin/python3";
-    std::string script = std::string(ASAP_SOURCE_DIR) + "/tools/bench_pytorch.py";
+    std::string script = std::string(ASAP_SOURCE_DIR) + "/tools/bench/bench_pytorch.py";
     const std::string tmp = (s.json_path.empty() ? std::string("asap_bench") : s.json_path) + ".pytorch.json";
     std::ostringstream ns, bhs, Ts;
     for (auto n : s.ns)

@@ -2,10 +2,10 @@
 # Runs the performance benchmark (C++ operators and the PyTorch Sinkformer
 # loop, same sizes and threads) and renders docs/performance.md and
 # docs/performance.svg from it (with the compile section from
-# docs/bench_compile.json when tools/bench_compile.sh has written it).
+# docs/bench_compile.json when tools/bench/bench_compile.sh has written it).
 #
-#   tools/bench.sh [asap_bench options...]     e.g. tools/bench.sh --quick
-#   tools/bench.sh --features [asap_bench options...]
+#   tools/bench/bench.sh [asap_bench options...]     e.g. tools/bench/bench.sh --quick
+#   tools/bench/bench.sh --features [asap_bench options...]
 #
 # --features: the sliced features alone against one closure pass (issue 14),
 # nothing rendered: fast::build_features with the default sort path
@@ -16,7 +16,7 @@
 # ratios (target: features / one pass <= 1.0); raw results to $OUT.n50 and
 # $OUT.n1024 when OUT is set.
 #
-#   tools/bench.sh --bound [asap_bench options...]
+#   tools/bench/bench.sh --bound [asap_bench options...]
 #
 # --bound: short sequences against the FLOP/exp bound (issue 14, item 3),
 # nothing rendered: the fused teacher T = 6, Sinkhorn T' = 1 and 4 and the
@@ -25,7 +25,7 @@
 # OpenMP's ACTIVE and once with its PASSIVE wait policy. Prints each time
 # with "Nx bound" (target: the teacher at n = 64 within 2x).
 #
-#   tools/bench.sh --overhead [--quick] [asap_bench options...]
+#   tools/bench/bench.sh --overhead [--quick] [asap_bench options...]
 #
 # --overhead: what an ASAP map costs against the Sinkhorn loop of the same
 # log-sum-exp passes (the fused ASAP call), nothing rendered: every family
@@ -39,13 +39,13 @@
 # FLOP/exp bound. --quick: n = 17 and 50, d = 16, ACTIVE only. The timings
 # (median per operator) to $OUT when OUT is set (docs/bench_overhead.json).
 #
-#   tools/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
+#   tools/bench/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
 # --exact times only the exact fused teacher from Python: a Sinkformer
 # attention module's own PyTorch loop against the same module under
 # asap_torch.patch_model(model, exact=True), in one process on the same
 # threads, round-robin, medians, once per OpenMP wait-policy setting
-# (tools/bench_pytorch.py --exact), prints the
+# (tools/bench/bench_pytorch.py --exact), prints the
 # table with the speed-ups and writes it into docs/python.md (and the raw
 # timings to $OUT when set). It needs libasap_torch_op.so (ASAP_TORCH_OP,
 # next to $ASAPC, or build/src/torch_op/).
@@ -54,13 +54,13 @@
 # build/tools, build-perf/tools, build-perf/tools-standalone); OUT=file.json
 # where the raw results go (default docs/bench.json).
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-/usr/bin/python3}
 if [ "${1:-}" = "--exact" ]; then
   shift
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   if [ -n "${OUT:-}" ]; then set -- --json "$OUT" "$@"; fi
-  exec "$PY" "$ROOT/tools/bench_pytorch.py" --exact --md "$ROOT/docs/python.md" "$@"
+  exec "$PY" "$ROOT/tools/bench/bench_pytorch.py" --exact --md "$ROOT/docs/python.md" "$@"
 fi
 BENCH=${ASAP_BENCH:-}
 if [ -z "$BENCH" ]; then
@@ -182,6 +182,6 @@ fi
 OUT=${OUT:-$ROOT/docs/bench.json}
 echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$BENCH" --pytorch --json "$OUT" "$@"
-"$PY" "$ROOT/tools/bench_report.py" "$OUT" --md "$ROOT/docs/performance.md" --svg "$ROOT/docs/performance.svg" \
+"$PY" "$ROOT/tools/bench/bench_report.py" "$OUT" --md "$ROOT/docs/performance.md" --svg "$ROOT/docs/performance.svg" \
   --compile-json "$ROOT/docs/bench_compile.json"
 echo "wrote $OUT, docs/performance.md, docs/performance.svg" >&2

@@ -5,12 +5,12 @@
 # machine (nothing else running), never in CI. Prints a Markdown table and
 # writes the JSON lines to build/bench_serving.jsonl.
 #
-#   tools/bench_serving.sh [ARTIFACT]     (default: out/vit_mnist_t6.asap.h5,
+#   tools/bench/bench_serving.sh [ARTIFACT]     (default: out/vit_mnist_t6.asap.h5,
 #                                          compiled by tools/run_main.sh)
 # Environment: SECONDS_PER_CELL (default 5), CALLERS ("1 2 4"),
 # THREADS ("1 2"), POLICIES ("PASSIVE ACTIVE default"), N (17), BATCH (1).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 art=${1:-out/vit_mnist_t6.asap.h5}
 bin=build/tools/asap_bench_serving
 [ -x "$bin" ] || cmake --build build --target asap_bench_serving -j2

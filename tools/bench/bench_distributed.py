@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Scaling of the distributed compile (issue 17): 1 and N processes on the
 bundled teacher (n = 17) and the long-sequence case (n = 256,
-tools/make_throughput_case.py), measured in the same run.
+tools/bench/make_throughput_case.py), measured in the same run.
 
-    /usr/bin/python3 tools/bench_distributed.py [--procs 2] [--reps 2] [--md docs/distributed.md]
+    /usr/bin/python3 tools/bench/bench_distributed.py [--procs 2] [--reps 2] [--md docs/distributed.md]
 
 One process uses every core (--threads = cores); N processes on one machine
 share them (--threads = cores / N each). Ranks are started with explicit
@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ASAPC = os.environ.get("ASAPC", os.path.join(ROOT, "build", "asapc"))
 PY = sys.executable
 
@@ -101,7 +101,7 @@ def table(res):
                 r["bytes_reduced"] / max(r["calibration_bytes_read"], 1)))
     m = res["machine"]
     rows.append("")
-    rows.append("Measured %s on %s (%d cores), best of %d runs each: `/usr/bin/python3 tools/bench_distributed.py "
+    rows.append("Measured %s on %s (%d cores), best of %d runs each: `/usr/bin/python3 tools/bench/bench_distributed.py "
                 "--md docs/distributed.md`. \"vs 1 process\" is the 1-process wall time over this row's, so above "
                 "1 is faster. The communication share is the mean over ranks of the time inside reductions "
                 "(waiting for the slowest rank included) over the compile time; bytes are those of the float64 "
@@ -118,8 +118,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cores = os.cpu_count() or 2
     tmp = tempfile.mkdtemp(prefix="asapc-benchdist-")
-    print("== the n = 256 case (tools/make_throughput_case.py)", file=sys.stderr)
-    subprocess.run([PY, os.path.join(ROOT, "tools", "make_throughput_case.py"), "--n", "256", "--examples", "256",
+    print("== the n = 256 case (tools/bench/make_throughput_case.py)", file=sys.stderr)
+    subprocess.run([PY, os.path.join(ROOT, "tools", "bench", "make_throughput_case.py"), "--n", "256", "--examples", "256",
                     "--out", os.path.join(tmp, "tp")], check=True, stdout=subprocess.DEVNULL)
     b = os.path.join(ROOT, "calib_data", "vit_mnist_t6")
     t = os.path.join(tmp, "tp", "throughput")

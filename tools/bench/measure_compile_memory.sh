@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Peak RSS of `asapc compile` at two calibration sizes 8x apart (64 and 512
 # examples of the bundled calibration set), written to docs/compile-memory.md.
-# Usage: tools/measure_compile_memory.sh [ASAPC]   (after tools/setup.sh)
+# Usage: tools/bench/measure_compile_memory.sh [ASAPC]   (after tools/setup.sh)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 asapc=${1:-build/asapc}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,7 +26,7 @@ cat > docs/compile-memory.md <<MD
 and the indices of held-out examples, so its peak memory should not grow with
 the number of examples \`N\`.
 
-Measured by \`tools/measure_compile_memory.sh\` on the bundled MNIST teacher
+Measured by \`tools/bench/measure_compile_memory.sh\` on the bundled MNIST teacher
 (\`calib_data/vit_mnist_t6.*\`, n = 17 tokens, 2 layers), with \`--max-examples\`
 64 and 512 (8× apart) and \`--no-report\`:
 

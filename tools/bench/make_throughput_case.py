@@ -13,7 +13,7 @@ attention weights at a longer n:
   sequences of n tokens drawn at random from the bundled calibration
   activations of layer 0 (real token statistics, no extra data needed).
 
-    /usr/bin/python3 tools/make_throughput_case.py --n 256 --examples 512 --out out/throughput
+    /usr/bin/python3 tools/bench/make_throughput_case.py --n 256 --examples 512 --out out/throughput
 """
 import argparse
 import json
@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/: sinkformer_models
 import sinkformer_models as sm  # noqa: E402
 from record_calib import record  # noqa: E402
 
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 BUNDLED = os.path.join(ROOT, "calib_data", "vit_mnist_t6")
 
 

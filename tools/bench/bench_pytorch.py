@@ -8,7 +8,7 @@ u and the column dual v with ``torch.logsumexp``, the plan times n, and the
 head output plan @ v. Run with Debian's interpreter and LibTorch, at the same
 sizes and thread count as the C++ benchmark:
 
-    /usr/bin/python3 tools/bench_pytorch.py --n 512,1024 --bh 1x4,4x4 --T 6,10,20 \\
+    /usr/bin/python3 tools/bench/bench_pytorch.py --n 512,1024 --bh 1x4,4x4 --T 6,10,20 \\
         --d 64 --threads 2 --reps 3 --json out.json
 
 With --exact it instead times, in one process on the same threads and
@@ -18,11 +18,11 @@ exact=True)`` (asapc's fused teacher, torch.ops.asap.teacher), at the
 Sinkformer shapes and one long shape, once per runtime setting (--settings:
 OpenMP's wait policy PASSIVE, as asap_bench runs, by default; also unset,
 as a plain Python process runs, or ACTIVE; each in its own child process,
-OpenMP and OpenBLAS pinned to --threads), and prints the table with the ratios (``tools/bench.sh
+OpenMP and OpenBLAS pinned to --threads), and prints the table with the ratios (``tools/bench/bench.sh
 --exact`` runs it; ``--md docs/python.md`` rewrites the table between the
 ``<!-- exact:begin -->`` and ``<!-- exact:end -->`` markers):
 
-    /usr/bin/python3 tools/bench_pytorch.py --exact --threads 2 --md docs/python.md
+    /usr/bin/python3 tools/bench/bench_pytorch.py --exact --threads 2 --md docs/python.md
 """
 import argparse
 import copy
@@ -39,6 +39,8 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = os.path.dirname(HERE)  # sinkformer_models
+REPO = os.path.dirname(TOOLS)
 
 
 class SinkhornDistance(torch.nn.Module):
@@ -152,7 +154,7 @@ def _cpu_name():
 def _exact_case(kind, n, B, H, d, T, seed=1):
     """(module, inputs): a Sinkformer attention module (tools/sinkformer_models.py)
     and its inputs; text batches are padded (lengths n/2..n)."""
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, TOOLS)
     import sinkformer_models as sm
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -189,7 +191,7 @@ def _time_round_robin(fns, reps, min_sample_s=0.05):
 def measure_exact(a):
     """One child of --exact: the rows of every shape, in this process's
     runtime settings."""
-    sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "python")]   # python/: asap_torch
+    sys.path[:0] = [TOOLS, os.path.join(REPO, "python")]   # python/: asap_torch
     import asap_torch
     if not asap_torch.op_available():
         raise SystemExit("bench_pytorch.py --exact: %s is not available (%s); build the target "
@@ -263,7 +265,7 @@ def run_exact(a, threads):
     first = infos[settings[0]]
     info = {"torch": first["torch"], "threads": first["threads"], "reps": a.reps,
             "cpu": _cpu_name(), "settings": infos,
-            "command": " ".join(["tools/bench.sh --exact"] + _user_args(sys.argv[1:]))}
+            "command": " ".join(["tools/bench/bench.sh --exact"] + _user_args(sys.argv[1:]))}
     table = exact_table(rows, info)
     print(table)
     if a.json:

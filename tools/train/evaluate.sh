@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The accuracy evaluation of issue 6: compile each available teacher (LS and
-# --fit kl), verify it, run tools/evaluate.py over its whole test split and
+# --fit kl), verify it, run tools/train/evaluate.py over its whole test split and
 # write docs/results.md (+ its plots, PNGs under docs/images/, drawn with matplotlib).
 #
-#   tools/evaluate.sh [--train] [--force] [--quick] [--no-curve] [--only NAME,...] [--threads N]
+#   tools/train/evaluate.sh [--train] [--force] [--quick] [--no-curve] [--only NAME,...] [--threads N]
 #
 # Teachers: the bundled MNIST ViT T = 6 (calib_data/vit_mnist_t6.*), and,
 # when present under out/teachers/, the MNIST ViT T = 5 (vit_mnist_t5.*) and
 # the WordNet text teacher T = 8 (text_wordnet_t8.*).
-#   --train    (re)train the T = 5 and text teachers with tools/train_teachers.py first
-#              (about 5 + 12 minutes on 2 cores; needs tools/fetch_data.sh's data)
+#   --train    (re)train the T = 5 and text teachers with tools/train/train_teachers.py first
+#              (about 5 + 12 minutes on 2 cores; needs tools/train/fetch_data.sh's data)
 #   --force    recompile and re-verify even when the artifacts are up to date
 #   --quick    evaluate on the first 1000 test examples only (a smoke run; writes
 #              out/eval/results.quick.md instead of docs/results.md)
@@ -22,7 +22,7 @@
 # ASAP_TORCH_OP (the operator library; default found next to $ASAPC).
 # Artifacts, verify JSON and logs go to out/eval/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 
 ASAPC=${ASAPC:-build/asapc}
@@ -55,7 +55,7 @@ mkdir -p "$OUT"
 if [ "$TRAIN" = 1 ]; then
   for which in vit5 text; do
     echo "== training $which (log: out/teachers/$which.log)"
-    "$PYTHON" tools/train_teachers.py --which "$which" --out out/teachers > "out/teachers/$which.log" 2>&1 \
+    "$PYTHON" tools/train/train_teachers.py --which "$which" --out out/teachers > "out/teachers/$which.log" 2>&1 \
       || { echo "evaluate.sh: training $which failed, see out/teachers/$which.log" >&2; exit 1; }
     tail -1 "out/teachers/$which.log"
   done
@@ -89,7 +89,7 @@ for entry in $TEACHERS; do
   absent=""
   for f in "${files[@]}"; do [ -e "$f" ] || absent="$absent $f"; done
   if [ -n "$absent" ]; then
-    echo "== $name: skipped, missing$absent (tools/evaluate.sh --train makes them)"
+    echo "== $name: skipped, missing$absent (tools/train/evaluate.sh --train makes them)"
     MISSING+=("--missing" "$name: missing$absent")
     continue
   fi
@@ -131,12 +131,12 @@ for entry in $TEACHERS; do
     echo "== $name: agreement against speed-up (${#points[@]} compile targets)"
     cjson="$OUT/$name.curve.json"; [ "$QUICK" = 1 ] && cjson="$OUT/$name.quick.curve.json"
     pargs=(); for pt in "${points[@]}"; do pargs+=(--point "$pt"); done
-    "$PYTHON" tools/evaluate.py curve --name "$name" --teacher "$base.pt" "${pargs[@]}" \
+    "$PYTHON" tools/train/evaluate.py curve --name "$name" --teacher "$base.pt" "${pargs[@]}" \
       --threads "$THREADS" -o "$cjson" "${limit[@]}"
     extra+=(--curve-json "$cjson")
   fi
   echo "== $name: evaluating on the test split"
-  "$PYTHON" tools/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$ls_art" \
+  "$PYTHON" tools/train/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$ls_art" \
     --kl-artifact "$kl_art" --verify-json "$ver" --threads "$THREADS" -o "$res" "${extra[@]}"
   RESULTS+=("$res")
 done
@@ -147,5 +147,5 @@ if [ ${#RESULTS[@]} -eq 0 ]; then
 fi
 REPORT=docs/results.md
 [ "$QUICK" = 1 ] && REPORT=$OUT/results.quick.md      # a smoke run does not replace the real page
-"$PYTHON" tools/evaluate.py report "${RESULTS[@]}" "${MISSING[@]}" -o "$REPORT"
+"$PYTHON" tools/train/evaluate.py report "${RESULTS[@]}" "${MISSING[@]}" -o "$REPORT"
 echo "== wrote $REPORT"

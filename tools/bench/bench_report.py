@@ -2,7 +2,7 @@
 """Renders asap_bench JSON into docs/performance.md (between the
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers) and an SVG plot.
 
-    /usr/bin/python3 tools/bench_report.py docs/bench.json \\
+    /usr/bin/python3 tools/bench/bench_report.py docs/bench.json \\
         --md docs/performance.md --svg docs/performance.svg
 
 Standard library only (no matplotlib): the plot is written as plain SVG.
@@ -312,9 +312,9 @@ def render(data, svg_rel):
 
 
 def render_compile(cases):
-    """The compile-throughput section from tools/bench_compile.sh's JSON."""
+    """The compile-throughput section from tools/bench/bench_compile.sh's JSON."""
     out = ["\n### Compile throughput\n",
-           "`tools/bench_compile.sh`, %s on %s. Per case, three jobs timed round-robin in one "
+           "`tools/bench/bench_compile.sh`, %s on %s. Per case, three jobs timed round-robin in one "
            "process (`asap_bench_compile`, %s threads): the teacher pass (open the files, stream every "
            "example, run the teacher's loop), `compile` with default options (no report), and "
            "`compile-fixed` with the operator fixed in advance (statistics and LS solve only)."
@@ -353,7 +353,7 @@ def main():
     ap.add_argument("json")
     ap.add_argument("--md", required=True)
     ap.add_argument("--svg")
-    ap.add_argument("--compile-json", help="tools/bench_compile.sh output (adds the compile section)")
+    ap.add_argument("--compile-json", help="tools/bench/bench_compile.sh output (adds the compile section)")
     a = ap.parse_args()
     data = load(a.json)
     svg_rel = None

@@ -3,7 +3,7 @@
 // sequence length n, as a server would, for a fixed time; prints calls/s.
 // The intra-op thread count is set on every caller (at::set_num_threads);
 // the OpenMP wait policy comes from the environment (OMP_WAIT_POLICY is read
-// when libgomp loads). tools/bench_serving.sh sweeps callers x intra-op
+// when libgomp loads). tools/bench/bench_serving.sh sweeps callers x intra-op
 // threads x wait policy and prints the table. A benchmark: run it on a quiet
 // machine, never as a test.
 //

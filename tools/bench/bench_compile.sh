@@ -1,18 +1,18 @@
 #!/bin/sh
 # Compile throughput and memory (issue 9), written to docs/bench_compile.json
-# and rendered into docs/performance.md by tools/bench.sh (or directly:
-# tools/bench_report.py docs/bench.json --md docs/performance.md
+# and rendered into docs/performance.md by tools/bench/bench.sh (or directly:
+# tools/bench/bench_report.py docs/bench.json --md docs/performance.md
 # --compile-json docs/bench_compile.json).
 #
-#   tools/bench_compile.sh [--reps 3]
+#   tools/bench/bench_compile.sh [--reps 3]
 #
 # Cases: the bundled MNIST teacher (n = 17, 512 examples, 2 layers) and the
-# same trained attention weights at n = 256 (tools/make_throughput_case.py,
+# same trained attention weights at n = 256 (tools/bench/make_throughput_case.py,
 # 256 examples). Per case asap_bench_compile times the teacher-only pass,
 # the default compile and a compile with the operator fixed in advance.
 # Peak RSS of `asapc compile` at 64 and 512 examples (8x apart).
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=${ASAP_BUILD:-$ROOT/build}
 PY=${PYTHON:-/usr/bin/python3}
 REPS=3
@@ -22,8 +22,8 @@ for x in "$B/tools/asap_bench_compile" "$B/asapc"; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "== the n = 256 case (tools/make_throughput_case.py)" >&2
-"$PY" "$ROOT/tools/make_throughput_case.py" --n 256 --examples 256 --out "$tmp/tp" >&2
+echo "== the n = 256 case (tools/bench/make_throughput_case.py)" >&2
+"$PY" "$ROOT/tools/bench/make_throughput_case.py" --n 256 --examples 256 --out "$tmp/tp" >&2
 C=$ROOT/calib_data/vit_mnist_t6
 echo "== compile throughput: bundled teacher, n = 17" >&2
 "$B/tools/asap_bench_compile" "$C.pt" "$C.spec.json" "$C.calib.h5" --reps "$REPS" --json "$tmp/bundled.json"
