@@ -21,15 +21,4 @@ namespace asap {
 // The teacher conventions of a compiled layer.
 Convention convention_of(const LayerSpec& spec);
 
-namespace detail {
-
-// q, k [B, heads, n, head_dim] with equal shapes, v [B, heads, n, dv]: the
-// same check and sentence on both paths.
-void check_layer_inputs(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-
-// The half-steps a teacher or Sinkhorn layer runs (T or T'), after checking
-// that the caller did not ask for closures, which these kinds do not have.
-int loop_kind_steps(const CompiledLayer& layer, const RunOptions& opt);
-
-}  // namespace detail
 }  // namespace asap

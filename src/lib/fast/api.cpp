@@ -15,6 +15,7 @@
 #include "fast/engine.h"
 #include "fast/fast.h"
 #include "fast/slices.h"
+#include "model/layer_checks.h"
 
 namespace asap {
 namespace fast {

@@ -3,6 +3,7 @@
 #include "asap/layer_call.h"
 
 #include "asap/error.h"
+#include "model/layer_checks.h"
 
 namespace asap {
 

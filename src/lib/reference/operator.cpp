@@ -7,6 +7,7 @@
 
 #include "asap/error.h"
 #include "asap/features.h"
+#include "model/layer_checks.h"
 
 namespace asap {
 

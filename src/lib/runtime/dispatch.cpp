@@ -11,6 +11,7 @@
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "fast/fast.h"
+#include "model/layer_checks.h"
 
 namespace asap {
 
