@@ -162,7 +162,7 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
           # Inside HDF5 and not listed: HDF5 1.10.8's bugs on damaged input
           # are an open set that differs from run to run, so this is a
           # warning (ASAP_FUZZ_STRICT=1 makes it a failure).
-          say "fuzz_$t: WARNING: $input: $verdict (an HDF5-internal report; list it in tools/sanitizers/hdf5_known.txt and docs/reliability.md once reviewed)"
+          say "fuzz_$t: WARNING: $input: $verdict (inside HDF5; an unlisted pair goes into tools/sanitizers/hdf5_known.txt and docs/reliability.md once reviewed)"
           hdf5_new=$(( hdf5_new + 1 ))
           ;;
         *)
@@ -175,7 +175,7 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
     say "fuzz_$t: ${runs} inputs run, seeds $seed0..$(( seed0 + k - 1 ))"
   done
   [ "$failed" = 0 ] || { say "fuzzing found problems in asapc (build-fuzz/findings/)"; exit 1; }
-  [ "$hdf5_new" = 0 ] || say "fuzzing: $hdf5_new unlisted HDF5-internal report(s), warned above (build-fuzz/findings/)"
+  [ "$hdf5_new" = 0 ] || say "fuzzing: $hdf5_new HDF5-internal warning(s) above: unlisted, or not reproduced in a fresh process (build-fuzz/findings/)"
 fi
 if [ "${ASAP_SKIP_TSAN:-0}" != 1 ]; then
   say "concurrent loads under ThreadSanitizer (log: build-tsan.log)"
