@@ -20,10 +20,11 @@ constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 constexpr int64_t kColChunkRows = 32;
 }  // namespace
 
-std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
-  std::vector<Active> out(B);
-  for (int64_t b = 0; b < B; ++b) {
-    Active& a = out[b];
+ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
+  ActiveSets sets;
+  if (mask) sets.per_sequence.resize(B);
+  for (int64_t b = 0; b < (mask ? B : 1); ++b) {
+    Active& a = mask ? sets.per_sequence[b] : sets.all;
     for (int64_t i = 0; i < n; ++i)
       if (!mask || mask[b * n + i]) a.keys.push_back(i);
     a.all_keys = static_cast<int64_t>(a.keys.size()) == n;
@@ -44,7 +45,7 @@ std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool dro
         a.extra_rows.push_back(static_cast<int64_t>(r));
     }
   }
-  return out;
+  return sets;
 }
 
 Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning) {
@@ -134,8 +135,12 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   T* kp = need_scores ? kp_.get(ldS_ * d_) : nullptr;
   if (need_scores) kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
   has_v_ = v != nullptr;
-  if (has_v_) {
+  vrows_ = nullptr;
+  if (has_v_ && act.all_keys && dvp_ == dv_) {
+    vrows_ = v;  // the value rows as they are: every key, no padding to add
+  } else if (has_v_) {
     T* vp = vp_.get(nJ_ * dvp_);
+    vrows_ = vp;
     for (int64_t j = 0; j < nJ_; ++j) {
       const T* src = v + act.keys[j] * dv_;
       T* dst = vp + j * dvp_;
@@ -225,7 +230,7 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
       // E = exp(S' + g' - max_i) in place; plan * mult = E * mult * a / z_i.
       kt_.row_lse(r1 - r0, nJ_, t, ld, g, lse + r0, t, ld, z + r0);
       for (int64_t r = r0; r < r1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
-      emit(r0, r1, t, ld, rs + r0, nullptr, vp_.data(), tid, out);
+      emit(r0, r1, t, ld, rs + r0, nullptr, vrows_, tid, out);
     }
     for (int64_t r = r0; r < r1; ++r) f[r] = log_a_ - lse[r];
   });
@@ -251,7 +256,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     // column sums; plan * mult = E * mult * b / sum_j, folded into V.
     T* S = S_.data();
     T* vs = has_v_ ? vs_.get(nJ_ * dvp_) : nullptr;
-    const T* vp = vp_.data();
+    const T* vp = vrows_;
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
       for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
@@ -303,7 +308,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     int64_t ld;
     T* t = tile(r0, r1, 0, nJ_, tid, &ld);
     kt_.plan(r1 - r0, nJ_, t, ld, radd + r0, g, t, ld);
-    emit(r0, r1, t, ld, nullptr, nullptr, vp_.data(), tid, out);
+    emit(r0, r1, t, ld, nullptr, nullptr, vrows_, tid, out);
   });
 }
 

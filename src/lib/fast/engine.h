@@ -31,8 +31,17 @@ struct Active {
   bool all_rows = true, all_keys = true;
 };
 
-// Builds Active for every sequence of a [B, n] key mask (nullptr = no mask).
-std::vector<Active> active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries);
+// The active tokens of every sequence of a batch: one Active per sequence
+// under a key mask, one for all without (B sets of four vectors each were a
+// visible share of a call at n = 17).
+struct ActiveSets {
+  std::vector<Active> per_sequence;  // masked
+  Active all;                        // unmasked: every sequence
+  const Active& operator[](int64_t b) const { return per_sequence.empty() ? all : per_sequence[b]; }
+};
+
+// Builds the sets of a [B, n] key mask (nullptr = no mask).
+ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries);
 
 // How a call is run.
 struct Choice {
@@ -147,6 +156,7 @@ class Engine {
   const T* qa_ = nullptr;  // [nR, d]
   const T* ka_ = nullptr;  // [nJ, d]
   Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
+  const T* vrows_ = nullptr;  // [nJ, dvp] value rows of the keys: the input itself or vp_
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns

@@ -321,11 +321,18 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
 #pragma GCC unroll 32
         for (int t = 0; t < W; ++t) store(o + (k + t) * NR + jj, r[t] * alpha);
       }
+    // The edges, zero past N: at n = 17 the padding after the column past the
+    // block was 16 x 15 scalar stores, most of a head's packing.
     for (int64_t k = 0; k < K; ++k) {
       T* ok = o + k * NR;
       const T* bk = B + j0 * ldb + k;
-      for (int64_t jj = k < kfull ? cfull : 0; jj < cols; ++jj) ok[jj] = alpha * bk[jj * ldb];
-      for (int64_t jj = cols; jj < wcols; ++jj) ok[jj] = T(0);
+      // (Zeros by vector, then the values over them: a vector assembled on the
+      // stack from scalar stores and loaded back stalled on store forwarding.)
+      for (int64_t jv = k < kfull ? cfull : 0; jv < wcols; jv += W) {
+        store(ok + jv, V{});
+        const int64_t e = std::min<int64_t>(W, cols - jv);
+        for (int64_t t = 0; t < e; ++t) ok[jv + t] = alpha * bk[(jv + t) * ldb];
+      }
     }
   }
 }
