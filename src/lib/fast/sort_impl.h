@@ -95,6 +95,14 @@ inline D load_d(const float* p) { return __builtin_convertvector(load<Fh>(p), D)
 inline D load_d(const double* p) { return load<D>(p); }
 inline void store_t(float* p, D x) { store(p, __builtin_convertvector(x, Fh)); }
 inline void store_t(double* p, D x) { store(p, x); }
+// x rounded to T, as double: what store_t stores and load_d reads back.
+template <class T>
+inline D as_t(D x) {
+  if constexpr (sizeof(T) == 4)
+    return __builtin_convertvector(__builtin_convertvector(x, Fh), D);
+  else
+    return x;
+}
 
 // COL[l * ldc + ps[l]] = ph[l] for the LB lanes l; `lane` holds l * ldc.
 // (AVX-512's scatter instructions measured no faster than these stores.)
@@ -431,13 +439,13 @@ struct Arena {
 // position (lane l of COL at COL + l * ldc). Extra: also the sorted values
 // and u, [m][LB] each, for the rows that are not keys.
 template <class T, bool Extra>
-inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS, double* YS, double* U) {
+inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS, double* YS, double* U, double* sums) {
   typedef Rows<T, true, true> R;
   T* const tag = nullptr;
   alignas(64) int32_t lane[LB];
   for (int l = 0; l < LB; ++l) lane[l] = static_cast<int32_t>(l * ldc);
-  D u[NV64], xp[NV64], yp[NV64];
-  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = D{};
+  D u[NV64], xp[NV64], yp[NV64], sum[NV64];
+  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = sum[k] = D{};
   for (int64_t r = 0; r < m; ++r) {
     D x[NV64], y[NV64];
     I32h pos[NV64];
@@ -452,13 +460,16 @@ inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS
         store(YS + r * LB + k * W64, y[k]);
         store(U + r * LB + k * W64, u[k]);
       }
-      store_t(ph + k * W64, 0.5 * x[k] * x[k] - u[k]);
+      const D p = 0.5 * x[k] * x[k] - u[k];
+      store_t(ph + k * W64, p);
+      sum[k] += as_t<T>(p);
       store(ps + k * W64, pos[k]);
       xp[k] = x[k];
       yp[k] = y[k];
     }
     scatter(COL, ps, ph, lane);
   }
+  for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
 }
 
 template <class T>
@@ -474,13 +485,17 @@ void slice_block(const detail::SliceBlock<T>& b) {
   }
   if (!network_in_registers<T, true, true>(w, m)) network<T, true, true>(w, b.comps, b.n_comps);
   double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  // Per lane, the sum over R of the column as stored (rounded to T), for
+  // the centering: the key rows' in one vector sweep with the potentials
+  // (a sum per lane over its strided column was a serial chain per lane).
+  alignas(64) double sums[LB];
   if (b.n_extra > 0) {
     XS = ar.take<double>(m * LB);
     YS = ar.take<double>(m * LB);
     U = ar.take<double>(m * LB);
-    potentials<T, true>(m, w, COL, ldc, XS, YS, U);
+    potentials<T, true>(m, w, COL, ldc, XS, YS, U, sums);
   } else {
-    potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr);
+    potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr, sums);
   }
   // Rows that are not keys: the potential extended by its outer rays
   // (asap::detail::eval_potential).
@@ -497,25 +512,15 @@ void slice_block(const detail::SliceBlock<T>& b) {
         const int64_t r = last_leq(xs, m, p);
         up = U[r * LB + l] + YS[r * LB + l] * (p - xs[r * LB]);
       }
-      COL[l * ldc + row] = static_cast<T>(0.5 * p * p - up);
+      const T v = static_cast<T>(0.5 * p * p - up);
+      COL[l * ldc + row] = v;
+      sums[l] += static_cast<double>(v);
     }
   }
   // Center over R and emit (Engine::features' `take`, per slice).
-  double mean[LB];
-  for (int l = 0; l < b.lanes; ++l) {
-    const T* c = COL + l * ldc;
-    D s0 = D{}, s1 = D{};
-    int64_t i = 0;
-    for (; i + 2 * W64 <= nR; i += 2 * W64) {
-      s0 += load_d(c + i);
-      s1 += load_d(c + i + W64);
-    }
-    s0 += s1;
-    double sum = 0;
-    for (int k = 0; k < W64; ++k) sum += s0[k];
-    for (; i < nR; ++i) sum += static_cast<double>(c[i]);
-    mean[l] = sum / static_cast<double>(nR);
-  }
+  alignas(64) double mean[LB];
+  const D count = D{} + static_cast<double>(nR);
+  for (int k = 0; k < NV64; ++k) store(mean + k * W64, load<D>(sums + k * W64) / count);
   if (b.beta) {
     // acc_i += beta_l col_l[i] for l = 0, 1, ... in that order, with the
     // partial sum kept in a register across the lanes (one read-modify-write
