@@ -328,14 +328,15 @@ TEST_CASE("compile record: every key the HTML report reads is written by verify 
   const json& op = layer["operators"][0];
   const json& rec = layer["fit"];
   const std::map<std::string, std::vector<const json*>> objects = {
-      {"L.fit", {&rec}},
+      {"f", {&rec}},  // the fit record (read_fit)
       {"chosen", {&rec["chosen"]}},
       {"c", {&rec["candidates"][0], &vj}},  // a candidate fit, or a compared artifact
       {"l", {&layer}},
       {"o", {&op}},
       {"m", {&op["metrics"]}},
   };
-  const std::regex read(R"re(\b(?:str|num|flag|at|arr|nums)\((L\.fit|chosen|c|l|o|m), "([a-z_0-9]+)")re");
+  const std::regex read(
+      R"re(\b(?:str|num|flag|at|arr|nums|maybe_num|maybe_flag)\((f|chosen|c|l|o|m), "([a-z_0-9]+)")re");
   int checked = 0;
   const std::string text = src.str();
   for (auto it = std::sregex_iterator(text.begin(), text.end(), read); it != std::sregex_iterator(); ++it) {
