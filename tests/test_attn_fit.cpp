@@ -108,8 +108,8 @@ TEST_CASE("attention refit: L-BFGS finds a k-matched dual that reproduces the te
   CHECK(f1 < 1e-8 * f0);
   CHECK(std::abs(r.coef.item<double>() - 1.0) < 1e-3);
   // The reported held-out objectives are those of the start and of the returned coefficients.
-  CHECK(r.diagnostics["heldout_objective_ls"].get<double>() == doctest::Approx(f0).epsilon(1e-12));
-  CHECK(r.diagnostics["heldout_objective"].get<double>() == doctest::Approx(f1).epsilon(1e-6));
+  CHECK(r.diagnostics.heldout_objective_ls == doctest::Approx(f0).epsilon(1e-12));
+  CHECK(r.diagnostics.heldout_objective == doctest::Approx(f1).epsilon(1e-6));
 }
 
 TEST_CASE("attention refit: the held-out best is kept, the LS start when training moves away from it") {
@@ -130,11 +130,12 @@ TEST_CASE("attention refit: the held-out best is kept, the LS start when trainin
   auto start = at::full({1, 1}, 0.4, at::kDouble);
   const double h0 = asap::attn_evaluate(he, start, eps, 3, nullptr);
   auto r = asap::refine_attention(tr, &he, start, eps, 3, o);
-  CHECK(r.diagnostics["train_objective"].get<double>() < 1e-3 * r.diagnostics["train_objective_ls"].get<double>());
-  CHECK(r.diagnostics["best_iteration"].get<int>() == 0);
+  CHECK(r.diagnostics.train_objective < 1e-3 * r.diagnostics.train_objective_ls);
+  CHECK(r.diagnostics.best_iteration == 0);
   CHECK(r.coef.item<double>() == 0.4);
-  CHECK(r.diagnostics["heldout_objective"].get<double>() == doctest::Approx(h0).epsilon(1e-12));
+  CHECK(r.diagnostics.heldout_objective == doctest::Approx(h0).epsilon(1e-12));
   // And the held-out objective of the last iterate is indeed worse.
-  const auto& hist = r.diagnostics["history"];
-  CHECK(hist.back()["heldout"].get<double>() > h0);
+  const auto& hist = r.diagnostics.history;
+  REQUIRE(hist.back().heldout.has_value());
+  CHECK(*hist.back().heldout > h0);
 }

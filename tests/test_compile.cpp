@@ -25,6 +25,9 @@ using namespace asap_test;
 
 namespace {
 
+// The compile summary as `asapc compile --json` writes it.
+nlohmann::json summary_json(const asap::CompileResult& r) { return r.summary; }
+
 // Latencies by rule, never by clock: the teacher 1 s per pass, Sinkhorn T'
 // T' s, ASAP (feature passes + k) s plus `per_slice` s per slice. Counts
 // what it is asked to time.
@@ -410,7 +413,7 @@ TEST_CASE(
   CHECK(r.artifact.teacher_sha256 == asap::load_checkpoint(vit_checkpoint()).sha256);
   for (size_t i = 0; i < 2; ++i) {
     const auto& L = r.artifact.layers[i];
-    const auto& s = r.summary["layers"][i];
+    const nlohmann::json s = summary_json(r)["layers"][i];
     REQUIRE(L.kind == asap::OperatorKind::kAsap);
     CHECK(L.coef.size(1) == L.family.num_columns());
     CHECK(L.coef.size(0) == (L.per_head ? 2 : 1));
@@ -469,7 +472,7 @@ TEST_CASE("compile: the default objective on known latencies, Sinkhorn errors ma
   auto lat = std::make_shared<RuleLatency>();
   o.latency = lat;
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  const auto& s = r.summary["layers"][0];
+  const nlohmann::json s = summary_json(r)["layers"][0];
   CHECK(s["objective"]["name"] == "min-speedup");
   // The stored operator is the most accurate one of the table within 6 s / 1.25.
   const auto& table = s["latency"]["choice"]["operators"];
@@ -521,7 +524,7 @@ TEST_CASE("compile: a layer where plain Sinkhorn wins stores it, it round-trips 
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (size_t i = 0; i < 2; ++i) {
     const auto& L = r.artifact.layers[i];
-    const auto& s = r.summary["layers"][i];
+    const nlohmann::json s = summary_json(r)["layers"][i];
     REQUIRE(L.kind == asap::OperatorKind::kSinkhorn);
     // The most accurate Sinkhorn budget within 4.8 s: T' <= 4.
     int best = 1;
@@ -565,9 +568,9 @@ TEST_CASE("compile: families without slices are candidates, --no-zero-parameter 
   const auto& L = r.artifact.layers[0];
   CHECK(L.kind == asap::OperatorKind::kAsap);
   CHECK(L.family.slices == 0);
-  CHECK(L.theta.size(1) == 0);                               // the artifact keeps the bank prefix the family uses
-  CHECK(!r.summary["layers"][0]["target_met"].get<bool>());  // nothing ASAP reaches 1.25x here
-  CHECK(r.summary["layers"][0]["chosen"]["latency_s"].get<double>() < 6.0);
+  CHECK(L.theta.size(1) == 0);                                     // the artifact keeps the bank prefix the family uses
+  CHECK(!summary_json(r)["layers"][0]["target_met"].get<bool>());  // nothing ASAP reaches 1.25x here
+  CHECK(summary_json(r)["layers"][0]["chosen"]["latency_s"].get<double>() < 6.0);
   lat->asap_extra = 10;  // no map is faster than the teacher: refused, not the teacher stored
   CHECK_THROWS_WITH_AS(asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o),
                        doctest::Contains("nor is any faster than the teacher"), asap::Error);
@@ -601,7 +604,7 @@ TEST_CASE("compile: a latency table from a file drives the choice, a missing key
   }
   o.latency = asap::latency_table_from_file(dir / "lat.json");
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  const auto& s = r.summary["layers"][0];
+  const nlohmann::json s = summary_json(r)["layers"][0];
   CHECK(s["latency"]["source"]["source"] == "table");
   const int k = r.artifact.layers[0].default_closures;
   CHECK(k <= 4);  // k = 5 takes 5.5 s > 6 s / 1.25
@@ -632,7 +635,7 @@ TEST_CASE("compile: a fixed family, ridge, slices and closures are honoured") {
   CHECK(L.family == asap::FeatureFamily{8, false, false});
   CHECK(!L.per_head);
   CHECK(L.default_closures == 1);
-  CHECK(r.summary["layers"][0]["chosen"]["ridge"].get<double>() == 0.5);
+  CHECK(summary_json(r)["layers"][0]["chosen"]["ridge"].get<double>() == 0.5);
 }
 
 namespace {
@@ -666,7 +669,7 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   o.objective = asap::Objective::kFidelity;
   o.layers = {"transformer.layers.0.0.fn"};
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  const auto& kl = r.summary["layers"][0]["kl"];
+  const nlohmann::json kl = summary_json(r)["layers"][0]["kl"];
   CHECK(kl["iterations"].get<int>() >= 1);
   CHECK(kl["converged"].get<bool>());
   // The KL fit lowers the training-set teacher-plan KL of the LS warm start.
@@ -696,7 +699,7 @@ TEST_CASE("compile: --fit kl reports convergence and keeps the LS family") {
   o.fit = asap::FitKind::kKl;
   o.kl_ridge = 1e4;
   auto shrunk = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  CHECK(shrunk.summary["layers"][0]["kl"]["fell_back_to_ls"].get<bool>());
+  CHECK(summary_json(shrunk)["layers"][0]["kl"]["fell_back_to_ls"].get<bool>());
   CHECK(verified_heldout_error(shrunk.artifact, dir / "calib.h5") <= ls_art * (1 + 1e-6));
 }
 
@@ -711,7 +714,7 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   o.objective = asap::Objective::kFidelity;
   o.layers = {"transformer.layers.0.0.fn"};
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  const auto& L = r.summary["layers"][0];
+  const nlohmann::json L = summary_json(r)["layers"][0];
   REQUIRE(L.contains("attention_fit"));
   const auto& af = L["attention_fit"];
   CHECK(af["closures"].get<int>() == r.artifact.layers[0].default_closures);
@@ -725,8 +728,9 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const double e_ls = af["heldout_attention_error_ls"].get<double>(),
                e_re = af["heldout_attention_error_refit"].get<double>();
-  CHECK(e_ls ==
-        doctest::Approx(ls.summary["layers"][0]["chosen"]["heldout_attention_error"].get<double>()).epsilon(1e-6));
+  CHECK(
+      e_ls ==
+      doctest::Approx(summary_json(ls)["layers"][0]["chosen"]["heldout_attention_error"].get<double>()).epsilon(1e-6));
   const bool fell_back = af["fell_back_to_ls"];
   CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef) == fell_back);
   CHECK(r.artifact.layers[0].family.name() == ls.artifact.layers[0].family.name());
@@ -865,12 +869,12 @@ TEST_CASE("compile: an example whose scores overflow is named and refused, or ex
 
   auto good = compile(dir / "good.h5", false);
   auto skipped = compile(dir / "bad.h5", true);
-  const auto& s0 = skipped.summary["layers"][0];
+  const nlohmann::json s0 = summary_json(skipped)["layers"][0];
   CHECK(s0["excluded_examples"] == std::vector<int64_t>{7});
-  CHECK(skipped.summary["layers"][1]["excluded_examples"].empty());
+  CHECK(summary_json(skipped)["layers"][1]["excluded_examples"].empty());
   CHECK(s0["train_examples"].get<int64_t>() + s0["heldout_examples"].get<int64_t>() == 59);
   // Without the example, layer 0 is fitted as well as on clean data: no silent degradation.
-  const double e_good = good.summary["layers"][0]["chosen"]["heldout_attention_error"];
+  const double e_good = summary_json(good)["layers"][0]["chosen"]["heldout_attention_error"];
   const double e_skip = s0["chosen"]["heldout_attention_error"];
   CHECK(std::isfinite(e_skip));
   CHECK(e_skip < 1.5 * e_good + 1e-3);
@@ -890,7 +894,7 @@ TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itsel
   o.candidates = {{"alpha+softmax+sinkhorn3", true}};
   o.float64 = true;
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  for (const auto& s : r.summary["layers"]) {
+  for (const auto& s : summary_json(r).at("layers").get<std::vector<nlohmann::json>>()) {
     bool found = false;
     for (const auto& c : s["candidates"]) {
       if (c["target"] != "k-matched" || c["target_closures"] != 3) continue;
@@ -909,15 +913,15 @@ TEST_CASE("compile: k-matched targets -- with T = 6, the 3-step dual is f3 itsel
   o.fit = asap::FitKind::kKl;
   auto kl = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (size_t i = 0; i < kl.artifact.layers.size(); ++i) {
-    REQUIRE(kl.summary["layers"][i]["chosen"]["target"] == "k-matched");
-    CHECK(kl.summary["layers"][i]["kl"].contains("skipped"));
+    REQUIRE(summary_json(kl)["layers"][i]["chosen"]["target"] == "k-matched");
+    CHECK(summary_json(kl)["layers"][i]["kl"].contains("skipped"));
     CHECK(at::equal(kl.artifact.layers[i].coef, r.artifact.layers[i].coef));
   }
   o.fit = asap::FitKind::kLs;
   // --targets closure-ready leaves them out.
   o.targets = asap::Targets::kClosureReady;
   auto cr = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
-  for (const auto& s : cr.summary["layers"])
+  for (const auto& s : summary_json(cr).at("layers").get<std::vector<nlohmann::json>>())
     for (const auto& c : s["candidates"]) CHECK(c["target"] == "closure-ready");
 }
 

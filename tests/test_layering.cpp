@@ -94,7 +94,7 @@ const std::map<std::string, std::string>& header_owners() {
       {"types.h", "model"},        {"teacher.h", "reference"},     {"operator.h", "reference"},
       {"features.h", "reference"}, {"metrics.h", "reference"},     {"artifact.h", "io"},
       {"calib.h", "io"},           {"runtime.h", "runtime"},       {"dist.h", "distributed"},
-      {"compile.h", "compile"},    {"verify.h", "verify"},
+      {"compile.h", "compile"},    {"verify.h", "verify"},         {"compile_record.h", "report"},
   };
   return m;
 }

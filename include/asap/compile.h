@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "asap/artifact.h"
+#include "asap/compile_record.h"
 #include "asap/spec.h"
 #include "asap/types.h"
 
@@ -139,8 +140,8 @@ struct CompileOptions {
 };
 
 struct CompileResult {
-  Artifact artifact;
-  nlohmann::json summary;  // per layer: choices, held-out errors, timings
+  Artifact artifact;       // each layer's fit_json is its record, serialized
+  CompileSummary summary;  // per layer: choices, held-out errors, timings (asap/compile_record.h)
 };
 
 // Compiles every selected layer. Throws asap::Error on bad input.

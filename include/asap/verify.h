@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "asap/artifact.h"
+#include "asap/compile_record.h"
 #include "asap/metrics.h"
 #include "asap/types.h"
 
@@ -57,7 +58,10 @@ struct LayerVerification {
   std::vector<double> dual_pred, dual_teacher;   // scatter sample (centered, cost coordinates)
   double fit_time_s = -1;
   double break_even_calls = -1;  // fit_time / (t_teacher - t_default), -1 when not faster
-  nlohmann::json fit;            // the artifact's fit record
+  nlohmann::json fit;            // the artifact's fit record, as stored (written back into verify's JSON)
+  // The fit record as compile's LayerRecord; unset when the artifact's
+  // fit_json is empty or not a complete compile record (another writer).
+  std::optional<LayerRecord> record;
 };
 
 struct VerifyResult {

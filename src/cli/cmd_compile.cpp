@@ -79,58 +79,54 @@ void apply_objective(CompileArgs& a) {
   if (!a.latency_table.empty()) o.latency = asap::latency_table_from_file(a.latency_table);
 }
 
-void print_summary(const nlohmann::json& sum, const std::string& out) {
-  std::cout << "compiled " << sum["layers"].size() << " layer(s) in "
-            << human_seconds(sum["total_time_s"].get<double>()) << " -> " << out << "\n";
+// The refit's line under its layer (--fit kl / attention).
+void print_refit(const asap::RefitRecord& r) {
+  if (!r.skipped.empty()) {
+    std::cout << "    " << (r.fit == "kl" ? "KL fit: " : "attention refit: ") << r.skipped << "\n";
+  } else if (r.kl) {
+    const auto& k = *r.kl;
+    std::cout << "    KL fit: ridge " << k.ridge << ", " << k.iterations << " Newton iterations"
+              << (k.converged ? " (converged)" : " (iteration cap)") << ", objective " << k.objective << ", |grad| "
+              << k.grad_norm << ", held-out KL " << k.heldout_kl << " (LS " << k.heldout_kl_ls << ")\n";
+  } else if (r.attention) {
+    const auto& k = *r.attention;
+    std::cout << "    attention refit: " << k.iterations << " L-BFGS iterations (best at " << k.best_iteration
+              << "), training objective " << k.train_objective_ls << " -> " << k.train_objective;
+    if (r.heldout_attention_error_refit)
+      std::cout << ", held-out attention error " << r.heldout_attention_error_ls.value_or(-1.0) << " -> "
+                << *r.heldout_attention_error_refit << (r.fell_back_to_ls.value_or(false) ? " (worse: LS kept)" : "");
+    std::cout << "\n";
+  }
+}
+
+void print_summary(const asap::CompileSummary& sum, const std::string& out) {
+  std::cout << "compiled " << sum.layers.size() << " layer(s) in " << human_seconds(sum.total_time_s) << " -> " << out
+            << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-30s %6s %7s %-34s %3s %8s %10s %10s %8s\n", "layer", "rows", "heldout",
                 "operator", "k", "ridge", "dual RMSE", "attn err", "fit");
   std::cout << line;
-  for (const auto& l : sum["layers"]) {
-    const auto& c = l["chosen"];
-    const bool asap_op = c["operator"] == "asap";
-    std::string op = asap_op ? c["family"].get<std::string>() + (c["per_head"].get<bool>() ? "/head" : "/pool")
-                             : c["description"].get<std::string>();
-    std::string name = l["layer"].get<std::string>();
+  for (const asap::LayerRecord& l : sum.layers) {
+    const asap::ChosenRecord& c = l.chosen;
+    const bool asap_op = c.is_asap();
+    std::string op = asap_op ? *c.family + (*c.per_head ? "/head" : "/pool") : c.description;
+    std::string name = l.layer;
     if (name.size() > 30) name = "..." + name.substr(name.size() - 27);
-    const double rmse = c.value("heldout_dual_rmse", -1.0), err = c["heldout_attention_error"].get<double>();
+    const double rmse = c.heldout_dual_rmse.value_or(-1.0), err = c.heldout_attention_error;
     std::snprintf(line, sizeof line, "%-30s %6lld %7lld %-34s %3d %8.0e %10s %10s %8s\n", name.c_str(),
-                  static_cast<long long>(l["rows_used"].get<int64_t>()),
-                  static_cast<long long>(l["heldout_examples"].get<int64_t>()), op.c_str(),
-                  asap_op ? c["closures"].get<int>() : 0, asap_op ? c["ridge"].get<double>() : 0.0,
+                  static_cast<long long>(l.rows_used), static_cast<long long>(l.heldout_examples), op.c_str(),
+                  asap_op ? *c.closures : 0, asap_op ? *c.ridge : 0.0,
                   rmse >= 0 ? std::to_string(rmse).substr(0, 7).c_str() : "-",
-                  err >= 0 ? std::to_string(err).substr(0, 7).c_str() : "-",
-                  human_seconds(l["fit_time_s"].get<double>()).c_str());
+                  err >= 0 ? std::to_string(err).substr(0, 7).c_str() : "-", human_seconds(l.fit_time_s).c_str());
     std::cout << line;
-    const auto& per_rank = l["examples_per_rank"];
+    const auto& per_rank = l.examples_per_rank;
     if (per_rank.size() > 1) {  // a process group: what each rank read
       std::string parts;
-      for (size_t r = 0; r < per_rank.size(); ++r)
-        parts += (r ? ", " : "") + std::to_string(per_rank[r].get<int64_t>());
-      std::cout << "    calibration examples: " << l["examples"].get<int64_t>() << " in total, per rank " << parts
-                << "\n";
+      for (size_t r = 0; r < per_rank.size(); ++r) parts += (r ? ", " : "") + std::to_string(per_rank[r]);
+      std::cout << "    calibration examples: " << l.examples << " in total, per rank " << parts << "\n";
     }
-    if (!l["decision"].get<std::string>().empty()) std::cout << "    " << l["decision"].get<std::string>() << "\n";
-    if (l.contains("kl") && l["kl"].contains("skipped")) {
-      std::cout << "    KL fit: " << l["kl"]["skipped"].get<std::string>() << "\n";
-    } else if (l.contains("kl")) {
-      const auto& k = l["kl"];
-      std::cout << "    KL fit: ridge " << k["ridge"].get<double>() << ", " << k["iterations"] << " Newton iterations"
-                << (k["converged"].get<bool>() ? " (converged)" : " (iteration cap)") << ", objective "
-                << k["objective"].get<double>() << ", |grad| " << k["grad_norm"].get<double>() << ", held-out KL "
-                << k["heldout_kl"].get<double>() << " (LS " << k["heldout_kl_ls"].get<double>() << ")\n";
-    }
-    if (l.contains("attention_fit")) {
-      const auto& k = l["attention_fit"];
-      std::cout << "    attention refit: " << k["iterations"] << " L-BFGS iterations (best at " << k["best_iteration"]
-                << "), training objective " << k["train_objective_ls"].get<double>() << " -> "
-                << k["train_objective"].get<double>();
-      if (k.contains("heldout_attention_error_refit"))
-        std::cout << ", held-out attention error " << k["heldout_attention_error_ls"].get<double>() << " -> "
-                  << k["heldout_attention_error_refit"].get<double>()
-                  << (k["fell_back_to_ls"].get<bool>() ? " (worse: LS kept)" : "");
-      std::cout << "\n";
-    }
+    if (!l.decision.empty()) std::cout << "    " << l.decision << "\n";
+    if (l.refit) print_refit(*l.refit);
   }
 }
 
@@ -275,8 +271,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       auto res = asap::compile_teacher(a->checkpoint, a->spec, calib, a->opt);
       bar.finish();
       if (lead) asap::write_artifact(a->out, res.artifact);
-      res.summary["artifact"] = a->out;
-      nlohmann::json report;
+      res.summary.artifact = a->out;
+      CompileReport report;
       std::string html, js;
       if (!a->no_report) {
         std::string stem = a->out;
@@ -289,14 +285,14 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
         html = a->report.empty() ? stem + ".report.html" : a->report;
         js = a->report_json.empty() ? stem + ".report.json" : a->report_json;
         progress.set_stage("report");
-        report = write_compile_report(res.artifact, a->out, a->checkpoint, calib, a->opt, html, js, std::cerr,
-                                      a->opt.progress);
+        report = write_compile_report(res.artifact, res.summary, a->out, a->checkpoint, calib, a->opt, html, js,
+                                      std::cerr, a->opt.progress);
         bar.finish();
-        res.summary["report"] = {{"html", html}, {"json", js}};
+        res.summary.report = asap::CompileSummary::ReportPaths{html, js};
       }
       if (!lead) {
       } else if (a->json) {
-        std::cout << res.summary.dump(2) << "\n";
+        std::cout << nlohmann::json(res.summary).dump(2) << "\n";  // the file edge
       } else {
         print_summary(res.summary, a->out);
         if (!a->no_report) {

@@ -5,10 +5,12 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "asap/artifact.h"
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
+#include "asap/compile_record.h"
 #include "asap/error.h"
 #include "asap/spec.h"
 #include "commands.h"
@@ -62,16 +64,15 @@ int inspect_artifact(const InspectArgs& a) {
               << " closure(s) by default, slice bank " << l.theta.size(1) << "\n"
               << "  weights   " << (l.weights.defined() ? "projections included" : "none (compiled from q/k/v)")
               << (l.weights.wo.defined() ? ", output projection" : "") << "\n";
-    if (!l.fit_json.empty()) {
-      auto f = nlohmann::json::parse(l.fit_json);
-      if (f.contains("chosen")) {
-        const auto& c = f["chosen"];
-        std::cout << "  fit       " << f.value("fit", "ls") << ", ridge " << c.value("ridge", 0.0) << ", "
-                  << f.value("train_examples", 0) << " train / " << f.value("heldout_examples", 0)
-                  << " held-out examples, held-out attention error " << c.value("heldout_attention_error", -1.0)
-                  << ", fit time " << human_seconds(f.value("fit_time_s", 0.0)) << "\n";
+    std::optional<asap::LayerRecord> f;
+    if (!l.fit_json.empty()) try {
+        f = asap::parse_fit_record(l.fit_json);
+      } catch (const asap::Error&) {  // not compile's record: nothing to summarize
       }
-    }
+    if (f)
+      std::cout << "  fit       " << f->fit << ", ridge " << f->chosen.ridge.value_or(0.0) << ", " << f->train_examples
+                << " train / " << f->heldout_examples << " held-out examples, held-out attention error "
+                << f->chosen.heldout_attention_error << ", fit time " << human_seconds(f->fit_time_s) << "\n";
   }
   return 0;
 }

@@ -40,11 +40,22 @@ std::function<bool(int64_t)> split_filter(const asap::Artifact& art, const std::
   if (split == "all") return {};
   ASAP_CHECK(!art.layers.empty() && !art.layers[0].fit_json.empty(), "artifact '", path,
              "' records no compile options, so its ", split, " split is unknown; use --split all");
-  const auto opts = nlohmann::json::parse(art.layers[0].fit_json).at("options");
-  const uint64_t seed = opts.at("seed").get<uint64_t>();
-  const double frac = opts.at("heldout_fraction").get<double>();
+  const asap::RecordOptions opts = asap::parse_fit_record(art.layers[0].fit_json).options;
+  const uint64_t seed = opts.seed;
+  const double frac = opts.heldout_fraction;
   const bool want = split == "heldout";
   return [seed, frac, want](int64_t e) { return asap::in_heldout_split(seed, frac, e) == want; };
+}
+
+// The fit its compile used, from the first layer's record ("ls" when the
+// artifact holds no compile record).
+std::string fit_of(const asap::Artifact& art) {
+  if (art.layers.empty() || art.layers[0].fit_json.empty()) return "ls";
+  try {
+    return asap::parse_fit_record(art.layers[0].fit_json).fit;
+  } catch (const asap::Error&) {  // another writer's record
+    return "ls";
+  }
 }
 
 // Every rank must verify the same artifacts against the same checkpoint with
@@ -135,22 +146,27 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
       a->opt.progress = [&progress](const asap::ProgressEvent& e) { progress(e); };
       std::vector<std::string> paths{a->artifact};
       paths.insert(paths.end(), a->compare.begin(), a->compare.end());
-      nlohmann::json all = nlohmann::json::array();
+      std::vector<VerifiedArtifact> all;
       for (const auto& p : paths) {
         progress.set_stage(p);
         auto art = asap::read_artifact(p);
         asap::check_artifact_matches(art, p, ck, a->force);
         a->opt.example_filter = split_filter(art, p, a->split);
-        auto res = asap::verify(art, p, ck, data, a->opt);
-        auto j = res.to_json();
-        j["fit"] = art.layers.empty() || art.layers[0].fit_json.empty()
-                       ? "ls"
-                       : nlohmann::json::parse(art.layers[0].fit_json).value("fit", "ls");
-        all.push_back(j);
+        VerifiedArtifact v{asap::verify(art, p, ck, data, a->opt), fit_of(art)};
+        all.push_back(std::move(v));
       }
       bar.finish();
-      nlohmann::json out = all[0];
-      if (all.size() > 1) out["compare"] = nlohmann::json(all.begin() + 1, all.end());
+      // The file edge: verify's JSON, with the fit and the compared artifacts.
+      auto as_json = [](const VerifiedArtifact& v) {
+        nlohmann::json j = v.result.to_json();
+        j["fit"] = v.fit;
+        return j;
+      };
+      nlohmann::json out = as_json(all[0]);
+      if (all.size() > 1) {
+        out["compare"] = nlohmann::json::array();
+        for (size_t i = 1; i < all.size(); ++i) out["compare"].push_back(as_json(all[i]));
+      }
       const std::string html = a->report.empty() ? a->artifact + ".verify.html" : a->report;
       const std::string js = a->json_out.empty() ? a->artifact + ".verify.json" : a->json_out;
       if (lead) {
@@ -158,29 +174,28 @@ void add_verify(CLI::App& app, std::function<int()>& run) {
         if (a->json)
           std::cout << out.dump(2) << "\n";
         else
-          print_verify_table(out, std::cout);
+          print_verify_table(all, std::cout);
         if (!a->json) std::cout << "report: " << html << "\njson:   " << js << "\n";
       }
       // Thresholds on the default operator of every layer.
       int code = 0;
-      for (const auto& l : out["layers"])
-        for (const auto& o : l["operators"]) {
-          if (!o["default"].get<bool>()) continue;
-          const auto& m = o["metrics"];
-          auto gate = [&](double limit, const char* key, const char* flag) {
+      for (const asap::LayerVerification& l : all[0].result.layers)
+        for (const asap::OperatorResult& o : l.operators) {
+          if (!o.is_default) continue;
+          const asap::FidelityMetrics& m = o.metrics;
+          auto gate = [&](double limit, double v, const char* key, const char* flag) {
             if (limit < 0) return;
-            const double v = m[key].get<double>();
             if (v > limit) {
               if (lead)
-                std::cerr << "asapc: verify: layer '" << l["name"].get<std::string>() << "' " << key << " " << v
-                          << " exceeds " << flag << " " << limit << "\n";
+                std::cerr << "asapc: verify: layer '" << l.name << "' " << key << " " << v << " exceeds " << flag << " "
+                          << limit << "\n";
               code = kExitThreshold;
             }
           };
-          gate(a->max_attention_error, "attention_rel_error", "--max-attention-error");
-          gate(a->max_output_rmse, "head_output_rmse", "--max-output-rmse");
-          gate(a->max_col_marginal_error, "col_marginal_error", "--max-col-marginal-error");
-          gate(a->max_kl, "teacher_plan_kl", "--max-kl");
+          gate(a->max_attention_error, m.attention_rel_error, "attention_rel_error", "--max-attention-error");
+          gate(a->max_output_rmse, m.head_output_rmse, "head_output_rmse", "--max-output-rmse");
+          gate(a->max_col_marginal_error, m.col_marginal_error, "col_marginal_error", "--max-col-marginal-error");
+          gate(a->max_kl, m.teacher_plan_kl, "teacher_plan_kl", "--max-kl");
         }
       asap::finish_process_group(comm);
       return code;

@@ -156,8 +156,8 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
   int best_iter = 0, it = 0;
   std::deque<std::pair<at::Tensor, at::Tensor>> mem;  // (s, y), newest last
   constexpr size_t kMemory = 8;
-  json history = json::array();
-  history.push_back({{"iter", 0}, {"train", f}, {"heldout", held ? held0 : -1.0}});
+  std::vector<AttnStepRecord> history;
+  history.push_back({0, f, std::nullopt, held ? held0 : -1.0});
   auto dot = [](const at::Tensor& a, const at::Tensor& b) { return (a * b).sum().item<double>(); };
   for (it = 1; it <= opt.max_iters; ++it) {
     // Two-loop recursion.
@@ -204,24 +204,25 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
       if (mem.size() > kMemory) mem.pop_front();
     }
     x = xn, g = gnew, f = fn;
-    json h{{"iter", it}, {"train", f}, {"step", t}};
+    AttnStepRecord h{it, f, t, std::nullopt};
     if (held && (it % opt.check_every == 0 || it == opt.max_iters)) {
       const double hv = attn_evaluate(*held, x, eps, k, nullptr, comm);
-      h["heldout"] = hv;
+      h.heldout = hv;
       if (hv < best_held) best_held = hv, best = x.clone(), best_iter = it;
     }
     history.push_back(h);
     if (opt.progress) opt.progress({layer, "attention", it, opt.max_iters});
   }
   if (!held) best = x.clone(), best_iter = it - 1;
-  json diag{{"closures", k},
-            {"iterations", it - 1},
-            {"best_iteration", best_iter},
-            {"train_objective_ls", f0},
-            {"train_objective", f},
-            {"heldout_objective_ls", held ? held0 : -1.0},
-            {"heldout_objective", held ? best_held : -1.0},
-            {"history", history}};
+  AttnRefitRecord diag;
+  diag.closures = k;
+  diag.iterations = it - 1;
+  diag.best_iteration = best_iter;
+  diag.train_objective_ls = f0;
+  diag.train_objective = f;
+  diag.heldout_objective_ls = held ? held0 : -1.0;
+  diag.heldout_objective = held ? best_held : -1.0;
+  diag.history = std::move(history);
   return {best, diag};
 }
 
@@ -241,7 +242,7 @@ AttnFit fit_attention(const LayerStream& stream, const Shards& sh, const LayerSp
   AttnSource train_src = [&](const std::function<void(const AttnBatch&)>& fn) { train(fn); };
   AttnSource held_src = [&](const std::function<void(const AttnBatch&)>& fn) { held(fn); };
   AttnFit r = refine_attention(train_src, can_select ? &held_src : nullptr, coef_ls, s.eps, closures, opt, s.name);
-  r.diagnostics["cached_mb"] = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
+  r.diagnostics.cached_mb = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
   return r;
 }
 

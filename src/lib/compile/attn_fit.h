@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "asap/compile.h"
+#include "asap/compile_record.h"
 
 namespace asap {
 
@@ -54,7 +55,7 @@ struct AttnFitOptions {
 };
 struct AttnFit {
   at::Tensor coef;
-  nlohmann::json diagnostics;
+  AttnRefitRecord diagnostics;  // iterations, objectives, history (cached_mb: fit_attention)
 };
 
 // Mean objective and gradient over a source (reduced over ranks with comm).

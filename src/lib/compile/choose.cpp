@@ -97,28 +97,27 @@ int best_sinkhorn_within(const std::vector<OperatorCandidate>& c, double lat) {
 
 }  // namespace
 
-json Choice::to_json(const std::vector<OperatorCandidate>& c) const {
-  json table = json::array();
+LatencyChoiceRecord Choice::record(const std::vector<OperatorCandidate>& c) const {
+  LatencyChoiceRecord r;
   for (const auto& x : c) {
-    json row{{"operator", x.name},
-             {"key", x.op.key()},
-             {"kind", operator_kind_name(x.op.kind)},
-             {"lse_passes", x.op.lse_passes()},
-             {"heldout_attention_error", x.error},
-             {"selectable", x.selectable}};
-    if (x.latency > 0) {
-      row["latency_s"] = x.latency;
-      row["speedup"] = teacher_latency / x.latency;
-    } else {
-      row["latency_s"] = nullptr;  // not timed: its error could not make it win
+    LatencyRowRecord row;
+    row.op = x.name;
+    row.key = x.op.key();
+    row.kind = operator_kind_name(x.op.kind);
+    row.lse_passes = x.op.lse_passes();
+    row.heldout_attention_error = x.error;
+    row.selectable = x.selectable;
+    if (x.latency > 0) {  // else not timed: its error could not make it win
+      row.latency_s = x.latency;
+      row.speedup = teacher_latency / x.latency;
     }
-    table.push_back(row);
+    r.operators.push_back(std::move(row));
   }
-  return json{{"decision", decision},
-              {"target_met", target_met},
-              {"teacher_latency_s", teacher_latency},
-              {"latency_calls", latency_calls},
-              {"operators", table}};
+  r.decision = decision;
+  r.target_met = target_met;
+  r.teacher_latency_s = teacher_latency;
+  r.latency_calls = latency_calls;
+  return r;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "asap/compile.h"
+#include "asap/compile_record.h"
 #include "asap/spec.h"
 
 namespace asap {
@@ -41,7 +42,8 @@ struct Choice {
   std::string decision;        // one sentence for the user
   double teacher_latency = 0;  // seconds
   int latency_calls = 0;       // LatencyModel::measure calls
-  nlohmann::json to_json(const std::vector<OperatorCandidate>& c) const;
+  // The latency table and the decision, as the layer record keeps them.
+  LatencyChoiceRecord record(const std::vector<OperatorCandidate>& c) const;
 };
 
 // candidates[0] must be the teacher, followed by Sinkhorn T' = 1..T-1 (all

@@ -234,25 +234,25 @@ int default_closures_within(const LayerSpec& s, const FeatureFamily& f, int budg
   return 1;
 }
 
-json fits_json(const std::vector<Fit>& fits) {
-  json out = json::array();
+// The candidate fits as the record shows them.
+std::vector<FitCandidateRecord> fit_records(const std::vector<Fit>& fits) {
+  std::vector<FitCandidateRecord> out;
   for (const auto& f : fits) {
-    json errs = json::array(), passes = json::array();
+    FitCandidateRecord c;
+    c.candidate = f.name();
+    c.features = f.cand.features;
+    c.target = f.target_k > 0 ? "k-matched" : "closure-ready";
+    c.target_closures = f.target_k;
+    c.family = f.family.name();
+    c.per_head = f.cand.per_head;
+    c.slices = f.family.slices;
+    c.ridge = f.lambda;
+    c.heldout_dual_rmse = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
     for (size_t k = 1; k <= f.error_by_k.size(); ++k) {
-      errs.push_back(f.error_by_k[k - 1]);
-      passes.push_back(lse_passes(f.family, static_cast<int>(k)));
+      c.heldout_attention_error_by_k.push_back(f.error_by_k[k - 1]);
+      c.lse_passes_by_k.push_back(lse_passes(f.family, static_cast<int>(k)));
     }
-    out.push_back(json{{"candidate", f.name()},
-                       {"features", f.cand.features},
-                       {"target", f.target_k > 0 ? "k-matched" : "closure-ready"},
-                       {"target_closures", f.target_k},
-                       {"family", f.family.name()},
-                       {"per_head", f.cand.per_head},
-                       {"slices", f.family.slices},
-                       {"ridge", f.lambda},
-                       {"heldout_dual_rmse", f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0},
-                       {"heldout_attention_error_by_k", errs},
-                       {"lse_passes_by_k", passes}});
+    out.push_back(std::move(c));
   }
   return out;
 }
@@ -462,16 +462,18 @@ Chosen layer_choice(const LayerRun& r, const Statistics& st, const FitTable& ft,
 // The optional refit (--fit kl / attention) of the chosen map, which must
 // not end worse than its LS start on held-out data: the attention error of
 // the same operator (family, k) with each, on the fast path. Returns the
-// refit's diagnostics (null without a refit).
-json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int closures, bool can_select,
-                 CompiledLayer& cl) {
+// refit's record (none without a refit).
+std::optional<RefitRecord> refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int closures,
+                                       bool can_select, CompiledLayer& cl) {
   const CompileOptions& opt = r.opt;
-  json diag;
+  RefitRecord rec;
+  rec.fit = fit_name(opt.fit);
   auto is_held = [&](int64_t e) { return in_heldout_split(opt.seed, opt.heldout_fraction, e); };
   if (opt.fit == FitKind::kKl && f.target_k > 0) {
-    diag = json{{"skipped",
-                 "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
-                 "coefficients"}};
+    rec.skipped =
+        "the KL objective targets the closure-ready dual; this k-matched map keeps its LS "
+        "coefficients";
+    return rec;
   } else if (opt.fit == FitKind::kKl) {
     KlOptions ko;
     ko.ridge = opt.kl_ridge;
@@ -479,33 +481,35 @@ json refit_layer(const LayerRun& r, const Statistics& st, const Fit& f, int clos
     refit_common(ko, opt, r.comm, st);
     auto kl = fit_kl(r.stream, r.sh, r.s, r.theta, f.family, f.cand.per_head, f.coef, is_held, ko);
     cl.coef = kl.coef;
-    diag = kl.diagnostics;
+    rec.kl = kl.diagnostics;
   } else if (opt.fit == FitKind::kAttention && closures >= 1) {
     AttnFitOptions ao;
     ao.max_iters = opt.attention_iters;
     refit_common(ao, opt, r.comm, st);
     auto af = fit_attention(r.stream, r.sh, r.s, r.theta, f.family, f.coef, closures, is_held, ao);
     cl.coef = af.coef;
-    diag = af.diagnostics;
+    rec.attention = af.diagnostics;
+  } else {
+    return std::nullopt;
   }
-  if (diag.is_object() && !diag.contains("skipped") && can_select && closures >= 1) {
+  if (can_select && closures >= 1) {
     const char* what = opt.fit == FitKind::kKl ? "KL fit" : "attention refit";
     std::vector<Fit> pair{f, f};
     pair[1].coef = cl.coef;
     heldout_errors(r.stream, r.sh, r.s, r.theta, r.widest, st.held_idx, pair, {closures, closures}, error_options(opt));
     const double e_ls = pair[0].error_by_k.back(), e_re = pair[1].error_by_k.back();
-    diag["heldout_attention_error_ls"] = e_ls;
-    diag[opt.fit == FitKind::kKl ? "heldout_attention_error_kl" : "heldout_attention_error_refit"] = e_re;
-    diag["fell_back_to_ls"] = false;
+    rec.heldout_attention_error_ls = e_ls;
+    rec.heldout_attention_error_refit = e_re;
+    rec.fell_back_to_ls = false;
     if (!(e_re <= e_ls)) {
       cl.coef = f.coef;
-      diag["fell_back_to_ls"] = true;
+      rec.fell_back_to_ls = true;
       if (opt.warn)
         opt.warn(str("layer '", r.s.name, "': the ", what, " ends with held-out attention error ", e_re,
                      ", worse than its LS start's ", e_ls, ", so the LS coefficients are kept"));
     }
   }
-  return diag;
+  return rec;
 }
 
 // Step 6: the compiled layer the choice names (or the documented default).
@@ -513,7 +517,7 @@ struct Built {
   CompiledLayer cl;
   int fit_index = -1;
   int closures = 0;
-  json refit;  // the refit's diagnostics, or null
+  std::optional<RefitRecord> refit;  // none without a refit
 };
 
 Built build_layer(const LayerRun& r, const Statistics& st, const FitTable& ft, Chosen& c, bool can_select) {
@@ -557,86 +561,84 @@ Built build_layer(const LayerRun& r, const Statistics& st, const FitTable& ft, C
   return b;
 }
 
-// The layer's record: the compile summary's entry and the artifact's fit_json.
-json layer_summary(const LayerRun& r, const Setup& setup, const Statistics& st, const FitTable& ft,
-                   const HeldoutErrors& he, const Chosen& c, const Built& b, bool can_select, const PhaseTimes& times,
-                   double fit_time_s) {
-  const LayerSpec& s = r.s;
-  const CompileOptions& opt = r.opt;
+// The record of the operator the layer stores.
+ChosenRecord chosen_record(const FitTable& ft, const Chosen& c, const Built& b) {
   const CompiledLayer& cl = b.cl;
-  const Choice& ch = c.ch;
-  json chosen{
-      {"operator", operator_kind_name(cl.kind)}, {"description", cl.describe()}, {"lse_passes", cl.lse_passes()}};
+  ChosenRecord chosen;
+  chosen.op = operator_kind_name(cl.kind);
+  chosen.description = cl.describe();
+  chosen.lse_passes = cl.lse_passes();
   if (cl.kind == OperatorKind::kAsap) {
     const Fit& f = ft.fits[static_cast<size_t>(b.fit_index)];
-    chosen["candidate"] = f.name();
-    chosen["target"] = f.target_k > 0 ? "k-matched" : "closure-ready";
-    chosen["family"] = f.family.name();
-    chosen["per_head"] = f.cand.per_head;
-    chosen["slices"] = f.family.slices;
-    chosen["ridge"] = f.lambda;
-    chosen["closures"] = b.closures;
-    chosen["heldout_dual_rmse"] = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
+    chosen.candidate = f.name();
+    chosen.target = f.target_k > 0 ? "k-matched" : "closure-ready";
+    chosen.family = f.family.name();
+    chosen.per_head = f.cand.per_head;
+    chosen.slices = f.family.slices;
+    chosen.ridge = f.lambda;
+    chosen.closures = b.closures;
+    chosen.heldout_dual_rmse = f.dual_mse >= 0 ? std::sqrt(f.dual_mse) : -1.0;
   }
-  if (cl.kind == OperatorKind::kSinkhorn) chosen["sinkhorn_steps"] = cl.sinkhorn_steps;
-  if (ch.index >= 0) {
-    const OperatorCandidate& w = c.cands[static_cast<size_t>(ch.index)];
-    chosen["heldout_attention_error"] = w.error;
-    chosen["latency_s"] = w.latency;
-    chosen["speedup"] = w.latency > 0 ? ch.teacher_latency / w.latency : 1.0;
+  if (cl.kind == OperatorKind::kSinkhorn) chosen.sinkhorn_steps = cl.sinkhorn_steps;
+  if (c.ch.index >= 0) {
+    const OperatorCandidate& w = c.cands[static_cast<size_t>(c.ch.index)];
+    chosen.heldout_attention_error = w.error;
+    chosen.latency_s = w.latency;
+    chosen.speedup = w.latency > 0 ? c.ch.teacher_latency / w.latency : 1.0;
   } else {
-    chosen["heldout_attention_error"] = -1.0;
+    chosen.heldout_attention_error = -1.0;
   }
-  json objective{{"name", objective_name(opt.objective)}};
-  if (opt.objective == Objective::kMinSpeedup) objective["min_speedup"] = opt.min_speedup;
-  if (opt.objective == Objective::kMaxError) objective["max_error"] = opt.max_error;
-  if (opt.objective == Objective::kFidelity) objective["pass_budget"] = r.budget;
-  json sinkhorn_errors = json::array();
-  for (double e : he.sinkhorn) sinkhorn_errors.push_back(e);
-  json summary{{"layer", s.name},
-               {"T", s.T},
-               {"ending", s.T % 2 == 0 ? "column" : "row"},
-               {"examples", r.sh.total},
-               {"examples_per_rank", r.sh.examples_per_rank},
-               {"excluded_examples", st.excluded},
-               {"train_examples", st.train.examples},
-               {"heldout_examples", st.n_held},
-               {"selection_examples", he.examples},
-               {"rows_used", static_cast<int64_t>(st.train.R.sum().item<double>())},
-               {"data_driven_selection", can_select && ch.index >= 0},
-               {"candidates_with_nan_error", c.dropped},
-               {"objective", objective},
-               {"pass_budget", r.budget},
-               {"decision", ch.decision},
-               {"target_met", ch.index >= 0 && ch.target_met},
-               {"chosen", chosen},
-               {"candidates", fits_json(ft.fits)},
-               {"sinkhorn_heldout_attention_error", sinkhorn_errors},
-               {"slice_selection", ft.slice_tables},
-               {"latency", {{"source", c.latency_source}, {"choice", can_select ? ch.to_json(c.cands) : json()}}},
-               {"fit", fit_name(opt.fit)},
-               {"fit_time_s", fit_time_s},
-               {"teacher_time_s", times.teacher},
-               {"phase_times_s", times.to_json()},
-               {"options",
-                {{"slice_bank", opt.slice_bank},
-                 {"slice_counts", setup.slice_counts},
-                 {"ridge_grid", setup.grid},
-                 {"fixed_ridge", opt.ridge},
-                 {"heldout_fraction", opt.heldout_fraction},
-                 {"seed", opt.seed},
-                 {"batch_size", opt.batch_size},
-                 {"deploy_batch", opt.deploy_batch},
-                 {"max_closures", opt.max_closures},
-                 {"float64", opt.float64}}}};
-  if (!b.refit.is_null()) summary[opt.fit == FitKind::kAttention ? "attention_fit" : "kl"] = b.refit;
-  return summary;
+  return chosen;
+}
+
+// The layer's record: the compile summary's entry and the artifact's fit_json.
+LayerRecord layer_record(const LayerRun& r, const Setup& setup, const Statistics& st, const FitTable& ft,
+                         const HeldoutErrors& he, const Chosen& c, const Built& b, bool can_select,
+                         const PhaseTimes& times, double fit_time_s) {
+  const LayerSpec& s = r.s;
+  const CompileOptions& opt = r.opt;
+  const Choice& ch = c.ch;
+  LayerRecord rec;
+  rec.layer = s.name;
+  rec.T = s.T;
+  rec.ending = s.T % 2 == 0 ? "column" : "row";
+  rec.examples = r.sh.total;
+  rec.examples_per_rank = r.sh.examples_per_rank;
+  rec.excluded_examples = st.excluded;
+  rec.train_examples = st.train.examples;
+  rec.heldout_examples = st.n_held;
+  rec.selection_examples = he.examples;
+  rec.rows_used = static_cast<int64_t>(st.train.R.sum().item<double>());
+  rec.data_driven_selection = can_select && ch.index >= 0;
+  rec.candidates_with_nan_error = c.dropped;
+  rec.objective.name = objective_name(opt.objective);
+  if (opt.objective == Objective::kMinSpeedup) rec.objective.min_speedup = opt.min_speedup;
+  if (opt.objective == Objective::kMaxError) rec.objective.max_error = opt.max_error;
+  if (opt.objective == Objective::kFidelity) rec.objective.pass_budget = r.budget;
+  rec.pass_budget = r.budget;
+  rec.decision = ch.decision;
+  rec.target_met = ch.index >= 0 && ch.target_met;
+  rec.chosen = chosen_record(ft, c, b);
+  rec.candidates = fit_records(ft.fits);
+  rec.sinkhorn_heldout_attention_error = he.sinkhorn;
+  rec.slice_selection = ft.slice_tables;
+  rec.latency.source = c.latency_source;
+  if (can_select) rec.latency.choice = ch.record(c.cands);
+  rec.fit = fit_name(opt.fit);
+  rec.fit_time_s = fit_time_s;
+  rec.teacher_time_s = times.teacher;
+  rec.phase_times_s = times;
+  rec.options =
+      RecordOptions{opt.slice_bank, setup.slice_counts, setup.grid,       opt.ridge,        opt.heldout_fraction,
+                    opt.seed,       opt.batch_size,     opt.deploy_batch, opt.max_closures, opt.float64};
+  rec.refit = b.refit;
+  return rec;
 }
 
 // One layer through every phase: its compiled layer and its record.
-std::pair<CompiledLayer, json> compile_layer(const LayerSpec& s, const Checkpoint& ck, CalibFile& calib,
-                                             const std::string& spec_path, const Setup& setup,
-                                             const CompileOptions& opt, int64_t& bytes_read) {
+std::pair<CompiledLayer, LayerRecord> compile_layer(const LayerSpec& s, const Checkpoint& ck, CalibFile& calib,
+                                                    const std::string& spec_path, const Setup& setup,
+                                                    const CompileOptions& opt, int64_t& bytes_read) {
   const auto t_layer = Clock::now();
   Communicator* comm = opt.comm.get();
   ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
@@ -672,26 +674,28 @@ std::pair<CompiledLayer, json> compile_layer(const LayerSpec& s, const Checkpoin
   Chosen c = layer_choice(r, st, ft, he, can_select, times);  // 4 + 5. latency and choice
   times.latency = seconds_since(t);
   Built b = build_layer(r, st, ft, c, can_select);  // 6. the compiled layer
-  json summary = layer_summary(r, setup, st, ft, he, c, b, can_select, times, seconds_since(t_layer));
+  LayerRecord rec = layer_record(r, setup, st, ft, he, c, b, can_select, times, seconds_since(t_layer));
   bytes_read += stream.bytes_read();
-  b.cl.fit_json = summary.dump();
-  return {std::move(b.cl), std::move(summary)};
+  b.cl.fit_json = json(rec).dump();  // the artifact's fit record: the file edge
+  return {std::move(b.cl), std::move(rec)};
 }
 
 // The summary's "distributed" record: world size, bytes read, communication.
-json distributed_summary(Communicator* comm, int64_t bytes_read) {
-  json dist{{"world_size", comm ? comm->world_size() : 1}};
+DistributedRecord distributed_record(Communicator* comm, int64_t bytes_read) {
+  DistributedRecord dist;
+  dist.world_size = comm ? comm->world_size() : 1;
+  dist.calibration_bytes_read = static_cast<double>(bytes_read);
   if (comm) {
     const auto stats = comm->stats();
     std::vector<double> v{static_cast<double>(bytes_read), stats.comm_seconds};
-    dist["communication_s_rank0"] = stats.comm_seconds;
-    dist["bytes_reduced"] = stats.bytes_reduced;
-    dist["reductions"] = stats.collectives;
+    DistributedRecord::Group g;
+    g.communication_s_rank0 = stats.comm_seconds;
+    g.bytes_reduced = stats.bytes_reduced;
+    g.reductions = stats.collectives;
     comm->allreduce_sum(v);
-    dist["calibration_bytes_read"] = v[0];
-    dist["communication_s_mean"] = v[1] / comm->world_size();
-  } else {
-    dist["calibration_bytes_read"] = bytes_read;
+    dist.calibration_bytes_read = v[0];
+    g.communication_s_mean = v[1] / comm->world_size();
+    dist.group = g;
   }
   return dist;
 }
@@ -721,15 +725,16 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   art.teacher_sha256 = ck.sha256;
   art.teacher_file = ck.path.substr(ck.path.find_last_of('/') + 1);
   art.created_utc = utc_now();
-  result.summary =
-      json{{"checkpoint", ckpt_path}, {"spec", spec_path}, {"calibration", calib.path()}, {"layers", json::array()}};
+  result.summary.checkpoint = ckpt_path;
+  result.summary.spec = spec_path;
+  result.summary.calibration = calib.path();
   for (const LayerSpec* lp : layers) {
     auto layer = compile_layer(*lp, ck, calib, spec_path, setup, opt, bytes_read);
     art.layers.push_back(std::move(layer.first));
-    result.summary["layers"].push_back(std::move(layer.second));
+    result.summary.layers.push_back(std::move(layer.second));
   }
-  result.summary["distributed"] = distributed_summary(comm, bytes_read);
-  result.summary["total_time_s"] = seconds_since(t_all);
+  result.summary.distributed = distributed_record(comm, bytes_read);
+  result.summary.total_time_s = seconds_since(t_all);
   return result;
 }
 

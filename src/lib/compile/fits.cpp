@@ -61,7 +61,7 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
       const LsStats& train = *tg.train;
       const LsStats& held = *tg.held;
       const bool reference = cand.features == "slices" && !cand.per_head;  // the paper's map
-      json table = json::array();
+      std::vector<SlicePrefixRecord> table;
       double best = std::numeric_limits<double>::infinity();
       std::vector<int64_t> counts;
       if (family_has_slices(cand.features)) {
@@ -78,7 +78,8 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
         f.cols = family_columns(widest, f.family);
         f.reference_map = reference && tg.k == 0;
         f.target_k = tg.k;
-        json row{{"slices", L}};
+        SlicePrefixRecord row;
+        row.slices = L;
         if (opt.ridge >= 0 || !can_select) {
           f.lambda = opt.ridge >= 0 ? opt.ridge : 1e-3;
           if (can_select) f.dual_mse = ls_mse(held, f.cols, solve_ls(train, f.cols, cand.per_head, f.lambda));
@@ -86,11 +87,11 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
           auto rc = choose_ridge(train, held, f.cols, cand.per_head, grid);
           f.lambda = rc.lambda;
           f.dual_mse = rc.heldout_mse;
-          row["ridge_grid"] = rc.grid;
-          row["ridge_grid_mse"] = rc.grid_mse;
+          row.ridge_grid = rc.grid;
+          row.ridge_grid_mse = rc.grid_mse;
         }
-        row["ridge"] = f.lambda;
-        row["heldout_dual_mse"] = f.dual_mse;
+        row.ridge = f.lambda;
+        row.heldout_dual_mse = f.dual_mse;
         if (can_select && std::isnan(f.dual_mse)) out.nan_fits.push_back(f.name());
         // Nested prefixes: a larger one must beat every smaller one by 1% to
         // be worth its latency (and by more than rounding). Without held-out data only the largest is kept.
@@ -103,7 +104,7 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
           // The paper's map keeps only its best prefix: it is the reference row, not a contender.
           if (f.reference_map && keep) kept.clear();
         }
-        row["kept"] = keep;
+        row.kept = keep;
         table.push_back(row);
         if (keep) {
           best = std::min(best, f.dual_mse);
@@ -114,9 +115,9 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
         f.coef = solve_ls(train, f.cols, cand.per_head, f.lambda);
         out.fits.push_back(std::move(f));
       }
-      out.slice_tables.push_back({{"candidate", cand.features + (cand.per_head ? "/per-head" : "/pooled") +
-                                                    (tg.k > 0 ? "->k" + std::to_string(tg.k) : "")},
-                                  {"prefixes", table}});
+      out.slice_tables.push_back(
+          {cand.features + (cand.per_head ? "/per-head" : "/pooled") + (tg.k > 0 ? "->k" + std::to_string(tg.k) : ""),
+           std::move(table)});
     }
   return out;
 }

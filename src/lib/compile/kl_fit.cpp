@@ -194,12 +194,13 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
   else if (!can_select)
     grid = {1e-4};
 
-  json diag{{"ridge_grid", grid}, {"ridge_fixed", opt.ridge >= 0}};
+  KlRefitRecord diag;
+  diag.ridge_grid = grid;
+  diag.ridge_fixed = opt.ridge >= 0;
   const double ls_train_kl = kl_evaluate(train_src, coef_ls, s.eps, 0, false, comm).kl;
   const double ls_held_kl = can_select ? kl_evaluate(held_src, coef_ls, s.eps, 0, false, comm).kl : -1;
-  diag["train_kl_ls"] = ls_train_kl;
-  diag["heldout_kl_ls"] = ls_held_kl;
-  json per_ridge = json::array();
+  diag.train_kl_ls = ls_train_kl;
+  diag.heldout_kl_ls = ls_held_kl;
   KlNewtonResult best;
   double best_held = std::numeric_limits<double>::infinity(), best_lambda = grid[0];
   int passes = 0;
@@ -212,18 +213,14 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
         },
         comm);
     const double hk = can_select ? kl_evaluate(held_src, res.coef, s.eps, 0, false, comm).kl : -1;
-    json hist = json::array();
+    KlRidgeRecord run;
+    run.ridge = lam;
+    run.heldout_kl = hk;
+    run.iterations = static_cast<int64_t>(res.history.size()) - 1;
+    run.converged = res.converged;
     for (const auto& h : res.history)
-      hist.push_back({{"iter", h.iter},
-                      {"objective", h.objective},
-                      {"grad_norm", h.grad_norm},
-                      {"newton_decrement", h.newton_decrement},
-                      {"step", h.step}});
-    per_ridge.push_back({{"ridge", lam},
-                         {"heldout_kl", hk},
-                         {"iterations", res.history.size() - 1},
-                         {"converged", res.converged},
-                         {"history", hist}});
+      run.history.push_back({h.iter, h.objective, h.grad_norm, h.newton_decrement, h.step});
+    diag.per_ridge.push_back(std::move(run));
     const double score = can_select ? hk : 0;
     if (score < best_held || !best.coef.defined()) {
       best_held = score;
@@ -231,17 +228,16 @@ KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& s, co
       best = res;
     }
   }
-  diag["per_ridge"] = per_ridge;
-  diag["ridge"] = best_lambda;
-  diag["iterations"] = best.history.size() - 1;
-  diag["converged"] = best.converged;
-  diag["objective"] = best.history.back().objective;
-  diag["grad_norm"] = best.history.back().grad_norm;
-  diag["newton_decrement"] = best.history.back().newton_decrement;
-  diag["train_kl"] = kl_evaluate(train_src, best.coef, s.eps, 0, false, comm).kl;
-  diag["heldout_kl"] = can_select ? best_held : -1.0;
-  diag["cached_mb"] = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
-  diag["cached"] = train.cached();
+  diag.ridge = best_lambda;
+  diag.iterations = static_cast<int64_t>(best.history.size()) - 1;
+  diag.converged = best.converged;
+  diag.objective = best.history.back().objective;
+  diag.grad_norm = best.history.back().grad_norm;
+  diag.newton_decrement = best.history.back().newton_decrement;
+  diag.train_kl = kl_evaluate(train_src, best.coef, s.eps, 0, false, comm).kl;
+  diag.heldout_kl = can_select ? best_held : -1.0;
+  diag.cached_mb = static_cast<double>(train.cached_bytes() + held.cached_bytes()) / 1048576.0;
+  diag.cached = train.cached();
   (void)per_head;
   return {best.coef, diag};
 }

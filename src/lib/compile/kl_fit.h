@@ -9,6 +9,7 @@
 
 #include "asap/artifact.h"
 #include "asap/compile.h"
+#include "asap/compile_record.h"
 
 namespace asap {
 
@@ -83,7 +84,7 @@ struct KlOptions {
 };
 struct KlFit {
   at::Tensor coef;
-  nlohmann::json diagnostics;
+  KlRefitRecord diagnostics;  // per ridge, the chosen one, cache use
 };
 KlFit fit_kl(const LayerStream& stream, const Shards& sh, const LayerSpec& spec, const at::Tensor& theta,
              const FeatureFamily& family, bool per_head, const at::Tensor& coef_ls,

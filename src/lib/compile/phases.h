@@ -11,6 +11,7 @@
 
 #include "asap/artifact.h"
 #include "asap/compile.h"
+#include "asap/compile_record.h"
 #include "asap/dist.h"
 #include "asap/spec.h"
 #include "asap/teacher.h"
@@ -22,12 +23,8 @@ class LayerStream;
 
 namespace compile_detail {
 
-// Seconds spent per phase; the summary's phase_times_s.
-struct PhaseTimes {
-  double read = 0, teacher = 0, features = 0, statistics = 0, solve = 0, selection = 0, latency = 0;
-  double communication = 0;  // inside reductions over ranks (waiting for the slowest included)
-  nlohmann::json to_json() const;
-};
+// Seconds spent per phase (the record's phase_times_s): asap::PhaseTimes
+// of asap/compile_record.h.
 
 // ---- statistics (statistics.cpp) ----------------------------------------
 // The statistics of a k-matched target (docs/decisions.md): the teacher's
@@ -89,8 +86,8 @@ struct Fit {
 };
 struct FitTable {
   std::vector<Fit> fits;
-  nlohmann::json slice_tables = nlohmann::json::array();  // per candidate: every prefix tried
-  std::vector<std::string> nan_fits;  // candidate@prefix whose held-out dual error is NaN (not kept)
+  std::vector<SliceSelectionRecord> slice_tables;  // per candidate: every prefix tried
+  std::vector<std::string> nan_fits;               // candidate@prefix whose held-out dual error is NaN (not kept)
 };
 // What the fits phase reads of compile's options.
 struct FitOptions {

@@ -20,11 +20,6 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-nlohmann::json PhaseTimes::to_json() const {
-  return {{"read", read},   {"teacher", teacher},     {"features", features}, {"statistics", statistics},
-          {"solve", solve}, {"selection", selection}, {"latency", latency},   {"communication", communication}};
-}
-
 namespace {
 
 // Sums the statistics over ranks: one float64 vector per reduction.

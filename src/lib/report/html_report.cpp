@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,27 @@ struct Op {
   }
 };
 
+// The compile record (the layer's "fit") as far as the page shows it. Read
+// tolerantly, as the rest of the page: files of older asapc versions lack
+// some fields, and a missing field leaves its default (-1, empty, unset).
+struct FitCandidate {
+  std::string name = "?";
+  std::optional<bool> per_head;
+  std::optional<double> slices, ridge;
+  std::vector<double> errors, passes;  // by k = 1..
+};
+struct FitView {
+  bool has_chosen = false;               // the record names its chosen operator
+  std::optional<std::string> candidate;  // the chosen fit
+  std::string family;
+  std::optional<bool> per_head;
+  double slices = -1, ridge = -1, closures = -1, lse_passes = -1, heldout_error = -1, dual_rmse = -1;
+  double pass_budget = -1;
+  std::string fit;  // "ls", "kl", "attention"
+  double train_examples = -1, heldout_examples = 0, teacher_time = -1;
+  std::vector<FitCandidate> candidates;
+};
+
 struct Layer {
   std::string name, ending;
   int T = 0, default_k = 0;
@@ -107,10 +129,50 @@ struct Layer {
   bool timed = false;  // every operator has a latency
   std::vector<double> per_head, dual_pred, dual_teacher;
   double fit_time = -1, break_even = -1;
-  json fit;
+  FitView fit;
 
   std::string other_ending() const { return ending == "column" ? "row" : ending == "row" ? "column" : "other"; }
 };
+
+std::optional<double> maybe_num(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
+}
+std::optional<bool> maybe_flag(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
+}
+
+FitView read_fit(const json& f) {
+  FitView v;
+  const json& chosen = at(f, "chosen");
+  v.has_chosen = chosen.is_object();
+  if (at(chosen, "candidate").is_string()) v.candidate = str(chosen, "candidate");
+  v.family = str(chosen, "family");
+  v.per_head = maybe_flag(chosen, "per_head");
+  v.slices = num(chosen, "slices", -1);
+  v.ridge = num(chosen, "ridge", -1);
+  v.closures = num(chosen, "closures", -1);
+  v.lse_passes = num(chosen, "lse_passes", -1);
+  v.heldout_error = num(chosen, "heldout_attention_error", -1);
+  v.dual_rmse = num(chosen, "heldout_dual_rmse", -1);
+  v.pass_budget = num(f, "pass_budget", -1);
+  v.fit = str(f, "fit");
+  v.train_examples = num(f, "train_examples", -1);
+  v.heldout_examples = num(f, "heldout_examples", 0);
+  v.teacher_time = num(f, "teacher_time_s", -1);
+  for (const auto& c : arr(f, "candidates")) {
+    FitCandidate fc;
+    fc.name = str(c, "candidate", "?");
+    fc.per_head = maybe_flag(c, "per_head");
+    fc.slices = maybe_num(c, "slices");
+    fc.ridge = maybe_num(c, "ridge");
+    fc.errors = nums(at(c, "heldout_attention_error_by_k"));
+    fc.passes = nums(at(c, "lse_passes_by_k"));
+    v.candidates.push_back(std::move(fc));
+  }
+  return v;
+}
 
 Layer read_layer(const json& l) {
   Layer L;
@@ -158,7 +220,7 @@ Layer read_layer(const json& l) {
   L.dual_teacher = nums(at(at(l, "dual_scatter"), "teacher"));
   L.fit_time = num(l, "fit_time_s", -1);
   L.break_even = num(l, "break_even_calls", -1);
-  L.fit = at(l, "fit");
+  L.fit = read_fit(at(l, "fit"));
   return L;
 }
 
@@ -451,12 +513,11 @@ std::string scatter_plot(const Layer& L, std::string* caption) {
 }
 
 std::vector<double> heldout_by_k(const Layer& L, std::vector<double>* passes) {
-  const json& chosen = at(L.fit, "chosen");
-  const std::string name = str(chosen, "candidate");
-  for (const auto& c : arr(L.fit, "candidates"))
-    if (!name.empty() && str(c, "candidate") == name) {
-      *passes = nums(at(c, "lse_passes_by_k"));
-      return nums(at(c, "heldout_attention_error_by_k"));
+  const std::string name = L.fit.candidate.value_or("");
+  for (const auto& c : L.fit.candidates)
+    if (!name.empty() && c.name == name) {
+      *passes = c.passes;
+      return c.errors;
     }
   return {};
 }
@@ -578,84 +639,72 @@ std::string operators_table(const Layer& L) {
   return o;
 }
 
-std::string json_scalar(const json& v) {
-  if (v.is_string()) return esc(v.get<std::string>());
-  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
-  if (v.is_number()) return esc(svg::fmt_short(v.get<double>()));
-  if (v.is_null()) return "\xE2\x80\x93";
-  return esc(v.dump());
-}
+// A candidate's table cell: yes/no, a short number, or a dash when unknown.
+std::string cell(const std::optional<bool>& v) { return v ? (*v ? "yes" : "no") : "\xE2\x80\x93"; }
+std::string cell(const std::optional<double>& v) { return v ? esc(svg::fmt_short(*v)) : "\xE2\x80\x93"; }
 
 std::string compile_choice(const Layer& L) {
   std::string o = "<div class=\"fit\">";
-  const json& chosen = at(L.fit, "chosen");
-  const double budget = num(L.fit, "pass_budget", -1);
-  if (chosen.is_object()) {
+  const FitView& f = L.fit;
+  const double budget = f.pass_budget;
+  if (f.has_chosen) {
     // One sentence with whatever the record holds.
     std::string what;
     auto part = [&what](const std::string& p) { what += (what.empty() ? "" : ", ") + p; };
-    if (!str(chosen, "family").empty()) part("family " + esc(str(chosen, "family")));
-    const json& ph = at(chosen, "per_head");
-    if (ph.is_boolean()) part(ph.get<bool>() ? "per-head weights" : "weights pooled over heads");
-    if (num(chosen, "slices", -1) >= 0) part(esc(svg::fmt_short(num(chosen, "slices"))) + " slices");
-    if (num(chosen, "ridge", -1) >= 0) part("ridge " + esc(svg::fmt_short(num(chosen, "ridge"))));
-    o += "<p class=\"choice\">Compile chose <b>" + esc(str(chosen, "candidate", "?")) + "</b>" +
+    if (!f.family.empty()) part("family " + esc(f.family));
+    if (f.per_head) part(*f.per_head ? "per-head weights" : "weights pooled over heads");
+    if (f.slices >= 0) part(esc(svg::fmt_short(f.slices)) + " slices");
+    if (f.ridge >= 0) part("ridge " + esc(svg::fmt_short(f.ridge)));
+    o += "<p class=\"choice\">Compile chose <b>" + esc(f.candidate.value_or("?")) + "</b>" +
          (what.empty() ? "" : " (" + what + ")");
-    if (num(chosen, "closures", -1) >= 0) {
-      o += " with <b>k=" + esc(svg::fmt_short(num(chosen, "closures"))) + "</b> closures";
+    if (f.closures >= 0) {
+      o += " with <b>k=" + esc(svg::fmt_short(f.closures)) + "</b> closures";
       std::string pp;
-      if (num(chosen, "lse_passes", -1) >= 0) pp = esc(svg::fmt_short(num(chosen, "lse_passes"))) + " LSE passes";
+      if (f.lse_passes >= 0) pp = esc(svg::fmt_short(f.lse_passes)) + " LSE passes";
       if (budget >= 0) pp += (pp.empty() ? "" : ", ") + std::string("pass budget ") + esc(svg::fmt_short(budget));
       if (!pp.empty()) o += " (" + pp + ")";
     }
     std::string held;
-    if (num(chosen, "heldout_attention_error", -1) >= 0)
-      held = "held-out attention error <b>" + esc(fmt(num(chosen, "heldout_attention_error"))) + "</b>";
-    if (num(chosen, "heldout_dual_rmse", -1) >= 0)
-      held += (held.empty() ? "" : ", ") + std::string("dual RMSE ") + esc(fmt(num(chosen, "heldout_dual_rmse")));
+    if (f.heldout_error >= 0) held = "held-out attention error <b>" + esc(fmt(f.heldout_error)) + "</b>";
+    if (f.dual_rmse >= 0) held += (held.empty() ? "" : ", ") + std::string("dual RMSE ") + esc(fmt(f.dual_rmse));
     o += held.empty() ? "." : ": " + held + ".";
     o += "</p>";
   }
   std::string cost;
-  const std::string method = str(L.fit, "fit");
-  if (num(L.fit, "train_examples", -1) >= 0)
-    cost = "on " + esc(svg::fmt_short(num(L.fit, "train_examples"))) + " training and " +
-           esc(svg::fmt_short(num(L.fit, "heldout_examples", 0))) + " held-out examples ";
+  const std::string& method = f.fit;
+  if (f.train_examples >= 0)
+    cost = "on " + esc(svg::fmt_short(f.train_examples)) + " training and " + esc(svg::fmt_short(f.heldout_examples)) +
+           " held-out examples ";
   if (L.fit_time >= 0) {
     std::string upper = method;
     for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     o += "<p>The " + (method.empty() ? std::string("fit") : esc(method.size() <= 3 ? upper : method) + " fit") + " " +
          cost + "took <b>" + esc(svg::fmt_seconds(L.fit_time)) + "</b>";
-    if (num(L.fit, "teacher_time_s", -1) >= 0)
-      o += " (of which " + esc(svg::fmt_seconds(num(L.fit, "teacher_time_s"))) + " running the teacher)";
+    if (f.teacher_time >= 0) o += " (of which " + esc(svg::fmt_seconds(f.teacher_time)) + " running the teacher)";
     if (L.break_even > 0)
       o += "; it pays off after <b>" + esc(svg::fmt_short(std::ceil(L.break_even))) + "</b> calls of the timed batch.";
     else
       o += "; it never pays off in time here, since the default operator is not faster than the teacher.";
     o += "</p>";
   }
-  if (!chosen.is_object() && L.fit_time < 0) o += "<p class=\"muted\">No compile record in this JSON.</p>";
+  if (!f.has_chosen && L.fit_time < 0) o += "<p class=\"muted\">No compile record in this JSON.</p>";
 
-  const json& cands = arr(L.fit, "candidates");
-  if (!cands.empty()) {
+  if (!f.candidates.empty()) {
     size_t K = 0;
-    for (const auto& c : cands) K = std::max(K, nums(at(c, "heldout_attention_error_by_k")).size());
+    for (const auto& c : f.candidates) K = std::max(K, c.errors.size());
     std::vector<double> best(K, INFINITY);
-    for (const auto& c : cands) {
-      const auto e = nums(at(c, "heldout_attention_error_by_k"));
-      for (size_t k = 0; k < e.size(); ++k)
-        if (std::isfinite(e[k])) best[k] = std::min(best[k], e[k]);
-    }
-    const std::string chosen_name = str(chosen, "candidate");
-    const int chosen_k = static_cast<int>(num(chosen, "closures", -1));
+    for (const auto& c : f.candidates)
+      for (size_t k = 0; k < c.errors.size(); ++k)
+        if (std::isfinite(c.errors[k])) best[k] = std::min(best[k], c.errors[k]);
+    const std::string chosen_name = f.candidate.value_or("");
+    const int chosen_k = static_cast<int>(f.closures);
     o += "<div class=\"scroll\"><table class=\"cands\"><thead><tr><th>candidate</th><th>per-head</th><th>slices</th>"
          "<th>ridge</th><th title=\"log-sum-exp passes of k closures\">passes</th>";
     for (size_t k = 0; k < K; ++k) o += "<th>k=" + itos(static_cast<int64_t>(k + 1)) + "</th>";
     o += "</tr></thead><tbody>\n";
-    for (const auto& c : cands) {
-      const std::string name = str(c, "candidate", "?");
-      const bool is_chosen = name == chosen_name;
-      const auto passes = nums(at(c, "lse_passes_by_k"));
+    for (const auto& c : f.candidates) {
+      const bool is_chosen = c.name == chosen_name;
+      const auto& passes = c.passes;
       // Passes as a function of k ("k+1" with the softmax feature), when it is one.
       std::string rule = "\xE2\x80\x93";
       if (!passes.empty() && std::isfinite(passes[0])) {
@@ -664,11 +713,11 @@ std::string compile_choice(const Layer& L) {
         for (size_t k = 0; k < passes.size(); ++k) affine = affine && passes[k] == off + k + 1;
         rule = affine ? (off == 0 ? "k" : "k+" + svg::fmt_short(off)) : "varies";
       }
-      o += std::string("<tr") + (is_chosen ? " class=\"chosen\"" : "") + "><td class=\"name\">" + esc(name) +
-           (is_chosen ? " <span class=\"badge\">chosen</span>" : "") + "</td><td>" + json_scalar(at(c, "per_head")) +
-           "</td><td class=\"num\">" + json_scalar(at(c, "slices")) + "</td><td class=\"num\">" +
-           json_scalar(at(c, "ridge")) + "</td><td class=\"num\">" + rule + "</td>";
-      const auto e = nums(at(c, "heldout_attention_error_by_k"));
+      o += std::string("<tr") + (is_chosen ? " class=\"chosen\"" : "") + "><td class=\"name\">" + esc(c.name) +
+           (is_chosen ? " <span class=\"badge\">chosen</span>" : "") + "</td><td>" + cell(c.per_head) +
+           "</td><td class=\"num\">" + cell(c.slices) + "</td><td class=\"num\">" + cell(c.ridge) +
+           "</td><td class=\"num\">" + rule + "</td>";
+      const auto& e = c.errors;
       for (size_t k = 0; k < K; ++k) {
         if (k >= e.size() || !std::isfinite(e[k])) {
           o += "<td class=\"num na\">\xE2\x80\x93</td>";

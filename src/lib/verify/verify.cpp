@@ -124,7 +124,11 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
     lv.examples = static_cast<int64_t>(all.size());
     if (!L->fit_json.empty()) {
       lv.fit = json::parse(L->fit_json);
-      lv.fit_time_s = lv.fit.value("fit_time_s", -1.0);
+      try {
+        lv.record = parse_fit_record(L->fit_json);
+        lv.fit_time_s = lv.record->fit_time_s;
+      } catch (const Error&) {  // not compile's record: shown as stored, no compile section
+      }
     }
     const bool is_asap = L->kind == OperatorKind::kAsap;
     const int K = is_asap ? std::max(opt.max_closures, L->default_closures) : 0;
