@@ -348,3 +348,43 @@ TEST_CASE("compile record: every key the HTML report reads is written by verify 
   }
   CHECK(checked >= 40);
 }
+
+TEST_CASE("compile record: the bundled ViT with a recorded latency table makes the decisions recorded before") {
+  // tests/data/bundled_vit_choice.json: the latency table of one compile of
+  // the bundled teacher, and what compile stored with that table at the
+  // commit before the typed records (its provenance field): per layer the
+  // operator, its held-out attention error and its coefficients. With the
+  // same table, compile must store the same operators with the same
+  // coefficients: a change to the phases, the choice or the records that
+  // alters a decision shows here. (An intended change of the math updates
+  // the file, with a note in the commit.)
+  const std::string root = ASAP_SOURCE_DIR;
+  std::ifstream in(root + "/tests/data/bundled_vit_choice.json");
+  REQUIRE(in.good());
+  const json expect = json::parse(in);
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
+  asap::CompileOptions o;
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  const auto r =
+      asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
+                            root + "/calib_data/vit_mnist_t6.calib.h5", o);
+  const auto& want = expect.at("layers");
+  REQUIRE(r.artifact.layers.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const asap::CompiledLayer& L = r.artifact.layers[i];
+    CAPTURE(L.spec.name);
+    CHECK(L.spec.name == want[i].at("layer").get<std::string>());
+    CHECK(L.describe() == want[i].at("description").get<std::string>());
+    CHECK(r.summary.layers[i].chosen.heldout_attention_error ==
+          doctest::Approx(want[i].at("heldout_attention_error").get<double>()).epsilon(1e-6));
+    const auto coef = want[i].at("coef");
+    REQUIRE(L.coef.dim() == 2);
+    REQUIRE(L.coef.size(0) == static_cast<int64_t>(coef.size()));
+    for (size_t h = 0; h < coef.size(); ++h) {
+      REQUIRE(L.coef.size(1) == static_cast<int64_t>(coef[h].size()));
+      for (size_t p = 0; p < coef[h].size(); ++p)
+        CHECK(L.coef[h][p].item<double>() == doctest::Approx(coef[h][p].get<double>()).epsilon(1e-9));
+    }
+  }
+}
