@@ -45,8 +45,10 @@ void print_compiled(const asap::LayerRecord& fit, std::ostream& os) {
   else
     os << "  compiled: " << *c.family << (*c.per_head ? " per head" : " pooled") << ", k=" << k;
   os << " (held-out error at compile " << num(c.heldout_attention_error) << ")";
+  // The paper's map: sliced potentials only, pooled, closure-ready target
+  // (compile keeps one slice prefix of it, named "slices/pooled@L<n>").
   for (const auto& cand : fit.candidates)
-    if (cand.candidate == "slices/pooled") {
+    if (cand.features == "slices" && !cand.per_head && cand.target == "closure-ready") {
       const auto& errs = cand.heldout_attention_error_by_k;
       if (k >= 1 && static_cast<size_t>(k) <= errs.size())
         os << "; paper's map (slices, pooled) at k=" << k << ": " << num(errs[k - 1]);

@@ -68,6 +68,30 @@ def verify_thresholds_gate_the_exit_code():
 
 
 @test
+def verify_table_shows_the_papers_map():
+    # The "compiled:" line puts the stored map next to the paper's plain map
+    # (sliced potentials, pooled) at the same k, from compile's record.
+    p = verify()
+    assert p.returncode == 0, p.stderr
+    s = compile_json(os.path.join(TMP, "again.asap.h5"))  # same flags and seed: the same record
+    lines = [l for l in p.stdout.splitlines() if l.strip().startswith("compiled:")]
+    assert len(lines) == len(s["layers"]), p.stdout[-2000:]
+    shown = 0
+    for line, layer in zip(lines, s["layers"]):
+        k = layer["chosen"].get("closures")
+        paper = [c for c in layer["candidates"]
+                 if c["features"] == "slices" and not c["per_head"] and c["target"] == "closure-ready"]
+        assert len(paper) == 1, [c["candidate"] for c in layer["candidates"]]
+        if k is None:
+            continue
+        err = paper[0]["heldout_attention_error_by_k"][k - 1]
+        assert "paper's map (slices, pooled) at k=%d: " % k in line, line
+        assert abs(float(line.rsplit(": ", 1)[1]) - err) <= 1e-3 * err + 1e-4, (line, err)
+        shown += 1
+    assert shown > 0, lines
+
+
+@test
 def verify_compare_shows_both_artifacts():
     other = os.path.join(TMP, "other.asap.h5")
     compile_json(other, "--seed", "7")
