@@ -355,9 +355,11 @@ TEST_CASE("compile record: the bundled ViT with a recorded latency table makes t
   // commit before the typed records (its provenance field): per layer the
   // operator, its held-out attention error and its coefficients. With the
   // same table, compile must store the same operators with the same
-  // coefficients: a change to the phases, the choice or the records that
-  // alters a decision shows here. (An intended change of the math updates
-  // the file, with a note in the commit.)
+  // coefficients (to 1e-6: builds differ in their rounding, e.g. the
+  // sanitizer build's ridge-free solve moved one by 1.3e-8 relative): a change
+  // to the phases, the choice or the records that alters a decision shows
+  // here. (An intended change of the math updates the file, with a note in
+  // the commit.)
   const std::string root = ASAP_SOURCE_DIR;
   std::ifstream in(root + "/tests/data/bundled_vit_choice.json");
   REQUIRE(in.good());
@@ -384,7 +386,7 @@ TEST_CASE("compile record: the bundled ViT with a recorded latency table makes t
     for (size_t h = 0; h < coef.size(); ++h) {
       REQUIRE(L.coef.size(1) == static_cast<int64_t>(coef[h].size()));
       for (size_t p = 0; p < coef[h].size(); ++p)
-        CHECK(L.coef[h][p].item<double>() == doctest::Approx(coef[h][p].get<double>()).epsilon(1e-9));
+        CHECK(L.coef[h][p].item<double>() == doctest::Approx(coef[h][p].get<double>()).epsilon(1e-6));
     }
   }
 }
