@@ -195,20 +195,14 @@ struct NetPairs {
   int hi[kRegNetMaxComps] = {};
 };
 
-// sort_network.cpp's build_network, as a constant expression.
+// The network of sort_network.h's for_each_comparator, as a constant expression.
 constexpr NetPairs net_pairs(int m) {
   NetPairs c;
-  int P = 1;
-  while (P < m) P <<= 1;
-  for (int p = 1; p < P; p <<= 1)
-    for (int k = p; k >= 1; k >>= 1)
-      for (int j = k % p; j + k < P; j += 2 * k)
-        for (int i = 0; i < k && i + j + k < P; ++i)
-          if ((i + j) / (2 * p) == (i + j + k) / (2 * p) && i + j + k < m) {
-            c.lo[c.n] = i + j;
-            c.hi[c.n] = i + j + k;
-            ++c.n;
-          }
+  detail::for_each_comparator(m, [&c](int64_t i, int64_t j) {
+    c.lo[c.n] = static_cast<int>(i);
+    c.hi[c.n] = static_cast<int>(j);
+    ++c.n;
+  });
   return c;
 }
 

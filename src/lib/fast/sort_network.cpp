@@ -39,21 +39,12 @@ constexpr Crossover kCrossovers[] = {
     {"avx2", true, 1, 64, 1024},      {"generic", false, 1, 1, 512},   {"generic", true, 1, 1, 64},
 };
 
-// Batcher's odd-even merge sort for P = 2^k >= m elements (the iterative
-// form: merges of runs of p, comparators at distance k), keeping only the
-// comparators whose both ends are real elements (j < m).
 std::vector<int32_t> build_network(int64_t m) {
   std::vector<int32_t> c;
-  int64_t P = 1;
-  while (P < m) P <<= 1;
-  for (int64_t p = 1; p < P; p <<= 1)
-    for (int64_t k = p; k >= 1; k >>= 1)
-      for (int64_t j = k % p; j + k < P; j += 2 * k)
-        for (int64_t i = 0; i < k && i + j + k < P; ++i)
-          if ((i + j) / (2 * p) == (i + j + k) / (2 * p) && i + j + k < m) {
-            c.push_back(static_cast<int32_t>(i + j));
-            c.push_back(static_cast<int32_t>(i + j + k));
-          }
+  for_each_comparator(m, [&](int64_t i, int64_t j) {
+    c.push_back(static_cast<int32_t>(i));
+    c.push_back(static_cast<int32_t>(j));
+  });
   return c;
 }
 

@@ -89,6 +89,23 @@ const SortNetKernels* sortnet_avx512();
 // same one the kernel table of that name was compiled for.
 const SortNetKernels& sortnet_for(const char* isa);
 
+// Calls visit(i, j) for every comparator (i < j < m) of Batcher's odd-even
+// merge sort for P = 2^k >= m elements (the iterative form: merges of runs
+// of p, comparators at distance k), in order, keeping only those whose both
+// ends are real elements. A constant expression when visit is: the
+// networks unrolled at compile time (sort_impl.h) and the run-time list
+// below are this one loop.
+template <class Visit>
+constexpr void for_each_comparator(int64_t m, Visit&& visit) {
+  int64_t P = 1;
+  while (P < m) P <<= 1;
+  for (int64_t p = 1; p < P; p <<= 1)
+    for (int64_t k = p; k >= 1; k >>= 1)
+      for (int64_t j = k % p; j + k < P; j += 2 * k)
+        for (int64_t i = 0; i < k && i + j + k < P; ++i)
+          if ((i + j) / (2 * p) == (i + j + k) / (2 * p) && i + j + k < m) visit(i + j, i + j + k);
+}
+
 // The comparator pairs (i, j) of the pruned odd-even merge sort of m
 // elements (see above), as 2 * count int32s; built once per m, thread-safe.
 const int32_t* sort_network(int64_t m, int64_t* count);
