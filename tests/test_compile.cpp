@@ -521,6 +521,7 @@ TEST_CASE("compile: a layer where plain Sinkhorn wins stores it, it round-trips 
   auto lat = std::make_shared<RuleLatency>();
   lat->asap_extra = 10;  // no ASAP map is faster than the teacher
   o.latency = lat;
+  o.budget = asap::BudgetScope::kLayer;  // each layer's own decision line
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   for (size_t i = 0; i < 2; ++i) {
     const auto& L = r.artifact.layers[i];

@@ -349,7 +349,9 @@ TEST_CASE("compile record: every key the HTML report reads is written by verify 
   CHECK(checked >= 40);
 }
 
-TEST_CASE("compile record: the bundled ViT with a recorded latency table makes the decisions recorded before") {
+TEST_CASE(
+    "compile record: --budget layer on the bundled ViT with a recorded latency table makes the decisions recorded "
+    "before") {
   // tests/data/bundled_vit_choice.json: the latency table of one compile of
   // the bundled teacher, and what compile stored with that table at the
   // commit before the typed records (its provenance field): per layer the
@@ -368,6 +370,7 @@ TEST_CASE("compile record: the bundled ViT with a recorded latency table makes t
   std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
   asap::CompileOptions o;
   o.latency = asap::latency_table_from_file(dir / "lat.json");
+  o.budget = asap::BudgetScope::kLayer;  // the rule of the recording: every layer on its own
   const auto r =
       asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
                             root + "/calib_data/vit_mnist_t6.calib.h5", o);

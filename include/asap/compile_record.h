@@ -174,6 +174,27 @@ struct RecordOptions {
   bool float64 = false;
 };
 
+// The model's side of the choice (docs/decisions.md, "One budget for the
+// model"): every compiled layer's stored operator against its teacher, timed
+// at the deployment shape. Present when every layer had a data-driven choice.
+struct ModelBudgetRecord {
+  std::string scope;  // "model" (one budget for the model) or "layer" (each layer on its own)
+  std::string error;  // "max" or "sum" of the layers' normalized errors
+  std::vector<std::string> layers;
+  std::vector<double> weights;       // --layer-weights, per layer
+  std::vector<double> error_scales;  // per layer: what its error is divided by (Sinkhorn T' = 1's error)
+  std::vector<double> teacher_latency_s, latency_s;  // per layer
+  double teacher_total_s = 0, total_s = 0;
+  double speedup = 0;  // teacher_total_s / total_s
+  std::optional<double> min_speedup, max_error;
+  double model_error = 0;                // of the stored operators
+  std::string worst_layer;               // the layer with the largest normalized error
+  double noise_margin = 0;               // relative latency a choice may exceed the budget by
+  std::optional<double> noise_measured;  // the spread of repeated timings (absent: given or a table)
+  bool within_noise = false;             // the choice needs the margin
+  bool target_met = false;
+};
+
 // One layer's record: the compile summary's entry and the artifact's fit record.
 struct LayerRecord {
   std::string layer;
@@ -198,7 +219,8 @@ struct LayerRecord {
   double fit_time_s = 0, teacher_time_s = 0;
   PhaseTimes phase_times_s;
   RecordOptions options;
-  std::optional<RefitRecord> refit;  // JSON "kl" or "attention_fit"
+  std::optional<RefitRecord> refit;        // JSON "kl" or "attention_fit"
+  std::optional<ModelBudgetRecord> model;  // JSON "model_budget"
   // The candidate named `name` (e.g. "slices/pooled"), or null.
   const FitCandidateRecord* find_candidate(const std::string& name) const;
 };
@@ -220,6 +242,7 @@ struct CompileSummary {
   std::string checkpoint, spec, calibration;
   std::vector<LayerRecord> layers;
   DistributedRecord distributed;
+  std::optional<ModelBudgetRecord> model_budget;
   double total_time_s = 0;
   std::optional<std::string> artifact;  // set by the CLI once written
   struct ReportPaths {
@@ -262,6 +285,8 @@ void from_json(const nlohmann::json& j, AttnRefitRecord& r);
 void to_json(nlohmann::json& j, const RefitRecord& r);  // the diagnostics object (under "kl" / "attention_fit")
 void to_json(nlohmann::json& j, const RecordOptions& r);
 void from_json(const nlohmann::json& j, RecordOptions& r);
+void to_json(nlohmann::json& j, const ModelBudgetRecord& r);
+void from_json(const nlohmann::json& j, ModelBudgetRecord& r);
 void to_json(nlohmann::json& j, const LayerRecord& r);
 void from_json(const nlohmann::json& j, LayerRecord& r);
 void to_json(nlohmann::json& j, const DistributedRecord& r);

@@ -64,10 +64,23 @@ struct LayerVerification {
   std::optional<LayerRecord> record;
 };
 
+// The model as verify measured it: the sums over the layers of the
+// teachers' and the default operators' latencies (the model budget's
+// measure, docs/decisions.md), and the layer whose default operator is
+// furthest from its teacher relative to plain softmax (Sinkhorn T' = 1).
+struct ModelVerification {
+  double teacher_latency_s = -1, latency_s = -1;  // -1: some layer not timed
+  double speedup = -1;
+  std::string worst_layer;
+  double worst_error = -1;       // its default operator's attention error
+  double worst_normalized = -1;  // over its Sinkhorn T' = 1 error
+};
+
 struct VerifyResult {
   std::string artifact, checkpoint, data;
   int64_t timed_batch = 0;
   std::vector<LayerVerification> layers;
+  ModelVerification model() const;
   nlohmann::json to_json() const;
 };
 

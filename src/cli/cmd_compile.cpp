@@ -28,7 +28,8 @@ struct CompileArgs {
   std::string heads = "auto";
   std::string report, report_json;
   std::string objective = "min-speedup", latency_table;
-  std::string fit = "ls", targets = "both";  // parsed into opt.fit / opt.targets
+  std::string fit = "ls", targets = "both";           // parsed into opt.fit / opt.targets
+  std::string budget = "model", model_error = "max";  // parsed into opt.budget / opt.model_error
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
@@ -99,6 +100,28 @@ void print_refit(const asap::RefitRecord& r) {
   }
 }
 
+// The model's line: its speed-up against the budget, and its worst layer.
+void print_model_line(const asap::ModelBudgetRecord& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "model: %.2fx the teachers' speed (%.1f us against %.1f us per call of %zu layer(s))",
+                m.speedup, 1e6 * m.total_s, 1e6 * m.teacher_total_s, m.layers.size());
+  std::cout << buf;
+  if (m.min_speedup) {
+    std::snprintf(buf, sizeof buf, ", budget %.2fx %s", *m.min_speedup,
+                  m.scope == "model" ? "for the model" : "per layer (--budget layer)");
+    std::cout << buf;
+    if (m.within_noise) {
+      std::snprintf(buf, sizeof buf, " (met within the timing noise of %.1f%%)", 100 * m.noise_margin);
+      std::cout << buf;
+    } else if (!m.target_met) {
+      std::cout << " (not met)";
+    }
+  }
+  std::snprintf(buf, sizeof buf, "; largest normalized error %.3g (layer '%s')\n", m.model_error,
+                m.worst_layer.c_str());
+  std::cout << buf;
+}
+
 void print_summary(const asap::CompileSummary& sum, const std::string& out) {
   std::cout << "compiled " << sum.layers.size() << " layer(s) in " << human_seconds(sum.total_time_s) << " -> " << out
             << "\n";
@@ -128,6 +151,7 @@ void print_summary(const asap::CompileSummary& sum, const std::string& out) {
     if (!l.decision.empty()) std::cout << "    " << l.decision << "\n";
     if (l.refit) print_refit(*l.refit);
   }
+  if (sum.model_budget) print_model_line(*sum.model_budget);
 }
 
 }  // namespace
@@ -184,6 +208,20 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option_function<double>(
       "--max-error", [a](double x) { a->max_error = x, a->max_error_given = true; },
       "held-out attention error bound for --objective max-error");
+  c->add_option("--budget", a->budget,
+                "what the objective applies to: model (the compiled layers' summed latency against the teachers', "
+                "the error spent where it costs least) or layer (every layer on its own)")
+      ->capture_default_str();
+  c->add_option("--model-error", a->model_error,
+                "the model's error under --budget model: max or sum over the layers of each one's held-out error "
+                "normalized by its Sinkhorn T' = 1 error")
+      ->capture_default_str();
+  c->add_option("--layer-weights", o.layer_weights,
+                "weight of each compiled layer's error in the model's, one per layer in spec order (default 1)")
+      ->delimiter(',');
+  c->add_option("--latency-noise", o.latency_noise,
+                "relative margin by which the model may exceed its latency budget (default: the spread of repeated "
+                "timings, at least 5% and at most 10%; 0: a strict budget)");
   c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
       ->capture_default_str();
   c->add_option("--latency-table", a->latency_table,
@@ -229,6 +267,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                          {"--min-speedup", Takes::kPositive},
                          {"--max-error", Takes::kPositive},
                          {"--deploy-batch", Takes::kPositiveInt},
+                         {"--layer-weights", Takes::kPositive},
+                         {"--latency-noise", Takes::kNonNegative},
                          {"--selection-examples", Takes::kNonNegativeInt},
                          {"--batch-size", Takes::kPositiveInt},
                          {"--heldout-fraction", Takes::kNonNegative},
@@ -242,6 +282,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       apply_objective(*a);
       a->opt.fit = asap::parse_fit(a->fit);
       a->opt.targets = asap::parse_targets(a->targets);
+      a->opt.budget = asap::parse_budget(a->budget);
+      a->opt.model_error = asap::parse_model_error(a->model_error);
       a->opt.candidates = candidates_of(a->features, a->heads);
       const std::vector<std::string> calib = expand_files(a->calib, "--calib");
       // One process, or one rank of a group (docs/distributed.md): every

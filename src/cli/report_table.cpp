@@ -57,6 +57,28 @@ void print_compiled(const asap::LayerRecord& fit, std::ostream& os) {
   if (!fit.decision.empty()) os << "  compile's choice: " << fit.decision << "\n";
 }
 
+// The model's line: summed latencies, and the layer furthest from its teacher.
+void print_model(const asap::VerifyResult& v, std::ostream& os) {
+  const asap::ModelVerification m = v.model();
+  os << "\nmodel (" << v.layers.size() << " layer(s)): ";
+  if (m.speedup > 0)
+    os << num(m.speedup, "%.2f") << "x the teachers' speed (sum of layer latencies " << ms(m.latency_s) << " against "
+       << ms(m.teacher_latency_s) << ")";
+  else
+    os << "not timed";
+  for (const auto& l : v.layers)  // what compile measured for the model, from its record
+    if (l.record && l.record->model) {
+      const auto& r = *l.record->model;
+      os << "; at compile " << num(r.speedup, "%.2f") << "x"
+         << (r.scope == "model" ? " under one budget for the model" : " with each layer on its own");
+      break;
+    }
+  if (!m.worst_layer.empty())
+    os << "; largest error: layer '" << m.worst_layer << "' (" << num(m.worst_error) << ", "
+       << num(m.worst_normalized, "%.3f") << " of softmax's)";
+  os << "\n";
+}
+
 }  // namespace
 
 void print_verify_table(const std::vector<VerifiedArtifact>& all, std::ostream& os) {
@@ -93,6 +115,7 @@ void print_verify_table(const std::vector<VerifiedArtifact>& all, std::ostream& 
          << "% of the entries the teacher weights; shown with its attention floored at 1e-12\n";
     if (l.record) print_compiled(*l.record, os);
   }
+  print_model(v, os);
   if (all.size() > 1) {
     os << "\nside by side (default operators):\n";
     bool cmp_floored = false;

@@ -13,9 +13,7 @@ namespace compile_detail {
 
 using nlohmann::json;
 
-namespace {
-
-std::string fmt(double x, int digits = 3) {
+std::string fmt(double x, int digits) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*g", digits, x);
   return buf;
@@ -26,57 +24,32 @@ std::string times(double x) {
   return buf;
 }
 
-class Timer {
- public:
-  Timer(std::vector<OperatorCandidate>& c, const LayerSpec& s, LatencyModel& m) : c_(c), s_(s), m_(m) {}
-
-  // Times the teacher with `which`; latencies relative to the teacher's
-  // first measurement (t0), so that drift between calls cancels.
-  void time(const std::vector<int>& which) {
-    if (which.empty() && t0_ > 0) return;
-    std::vector<OperatorConfig> ops{c_[0].op};
-    for (int i : which) ops.push_back(c_[static_cast<size_t>(i)].op);
-    auto lat = m_.measure(s_, ops);
-    ++calls_;
-    ASAP_CHECK(lat.size() == ops.size(), "latency model returned ", lat.size(), " latencies for ", ops.size(),
-               " operators");
-    for (double x : lat)
-      ASAP_CHECK(std::isfinite(x) && x > 0, "layer '", s_.name, "': a measured latency is ", x,
-                 " seconds (expected a finite positive number)");
-    if (t0_ <= 0) {
-      t0_ = lat[0];
-      c_[0].latency = t0_;
-    }
-    // (A table's teacher is the same in every call: no rescaling, no rounding.)
-    for (size_t j = 1; j < ops.size(); ++j)
-      c_[static_cast<size_t>(which[j - 1])].latency = lat[0] == t0_ ? lat[j] : lat[j] / lat[0] * t0_;
+void Timer::time(const std::vector<int>& which) {
+  if (which.empty() && t0_ > 0) return;
+  std::vector<OperatorConfig> ops{c_[0].op};
+  for (int i : which) ops.push_back(c_[static_cast<size_t>(i)].op);
+  auto lat = m_.measure(s_, ops);
+  ++calls_;
+  ASAP_CHECK(lat.size() == ops.size(), "latency model returned ", lat.size(), " latencies for ", ops.size(),
+             " operators");
+  for (double x : lat)
+    ASAP_CHECK(std::isfinite(x) && x > 0, "layer '", s_.name, "': a measured latency is ", x,
+               " seconds (expected a finite positive number)");
+  if (t0_ <= 0) {
+    t0_ = lat[0];
+    c_[0].latency = t0_;
   }
-  // Times i again against the teacher; its latency becomes the slower of
-  // the two relative measurements, so that a winner meets the target twice
-  // (a choice right at the target otherwise fails it in half the reruns).
-  void confirm(int i) {
-    const double first = c_[static_cast<size_t>(i)].latency;
-    time({i});
-    c_[static_cast<size_t>(i)].latency = std::max(first, c_[static_cast<size_t>(i)].latency);
-  }
-  double t0() const { return t0_; }
-  int calls() const { return calls_; }
+  // (A table's teacher is the same in every call: no rescaling, no rounding.)
+  for (size_t j = 1; j < ops.size(); ++j)
+    c_[static_cast<size_t>(which[j - 1])].latency = lat[0] == t0_ ? lat[j] : lat[j] / lat[0] * t0_;
+}
 
- private:
-  std::vector<OperatorCandidate>& c_;
-  const LayerSpec& s_;
-  LatencyModel& m_;
-  double t0_ = -1;
-  int calls_ = 0;
-};
+void Timer::confirm(int i) {
+  const double first = c_[static_cast<size_t>(i)].latency;
+  time({i});
+  c_[static_cast<size_t>(i)].latency = std::max(first, c_[static_cast<size_t>(i)].latency);
+}
 
-// Relative tolerance under which two errors or latencies are a tie. A
-// 1-process and a multi-process compile run the held-out examples in other
-// batches through the float32 kernels and sum them in another order: their
-// errors differ by up to about 2e-7 relative (the bundled teacher), and
-// they must choose alike. Held-out errors from at most 64 examples do not
-// tell apart operators this close anyway.
-constexpr double kTieRel = 1e-6;
 bool close_to(double a, double b) { return std::abs(a - b) <= kTieRel * std::max(std::abs(a), std::abs(b)); }
 
 bool allowed(const OperatorCandidate& c, const ChoiceOptions& o) {
@@ -85,7 +58,6 @@ bool allowed(const OperatorCandidate& c, const ChoiceOptions& o) {
   return true;
 }
 
-// The best Sinkhorn (or teacher) with latency <= lat: index, or -1.
 int best_sinkhorn_within(const std::vector<OperatorCandidate>& c, double lat) {
   int best = -1;
   for (size_t i = 0; i < c.size(); ++i) {
@@ -94,8 +66,6 @@ int best_sinkhorn_within(const std::vector<OperatorCandidate>& c, double lat) {
   }
   return best;
 }
-
-}  // namespace
 
 LatencyChoiceRecord Choice::record(const std::vector<OperatorCandidate>& c) const {
   LatencyChoiceRecord r;

@@ -10,6 +10,7 @@
 #include "asap/compile.h"
 #include "asap/compile_record.h"
 #include "asap/spec.h"
+#include "compile/budget.h"
 
 namespace asap {
 namespace compile_detail {
@@ -46,12 +47,89 @@ struct Choice {
   LatencyChoiceRecord record(const std::vector<OperatorCandidate>& c) const;
 };
 
+// Times candidates through a LatencyModel, each call with the teacher
+// (candidates[0]); latencies relative to the teacher's first measurement
+// (t0), so that drift between calls cancels.
+class Timer {
+ public:
+  Timer(std::vector<OperatorCandidate>& c, const LayerSpec& s, LatencyModel& m) : c_(c), s_(s), m_(m) {}
+  void time(const std::vector<int>& which);
+  // Times i again against the teacher; its latency becomes the slower of
+  // the two relative measurements, so that a winner meets the target twice
+  // (a choice right at the target otherwise fails it in half the reruns).
+  void confirm(int i);
+  double t0() const { return t0_; }
+  int calls() const { return calls_; }
+
+ private:
+  std::vector<OperatorCandidate>& c_;
+  const LayerSpec& s_;
+  LatencyModel& m_;
+  double t0_ = -1;
+  int calls_ = 0;
+};
+
+// Relative tolerance under which two errors or latencies are a tie. A
+// 1-process and a multi-process compile run the held-out examples in other
+// batches through the float32 kernels and sum them in another order: their
+// errors differ by up to about 2e-7 relative (the bundled teacher), and
+// they must choose alike. Held-out errors from at most 64 examples do not
+// tell apart operators this close anyway.
+constexpr double kTieRel = 1e-6;
+bool close_to(double a, double b);
+// Whether the options let the choice store c (selectable; --closures).
+bool allowed(const OperatorCandidate& c, const ChoiceOptions& o);
+// The most accurate Sinkhorn (or teacher) with latency <= lat: index, or -1.
+int best_sinkhorn_within(const std::vector<OperatorCandidate>& c, double lat);
+std::string fmt(double x, int digits = 3);  // "%.*g"
+std::string times(double x);                // "1.25x"
+
 // candidates[0] must be the teacher, followed by Sinkhorn T' = 1..T-1 (all
 // timed up front: the speed reference and the bounds), then ASAP
 // candidates. Fills in the latencies it measures. Every latency is rescaled
 // to the teacher's first measurement by the teacher timed in the same call.
 Choice choose_operator(std::vector<OperatorCandidate>& candidates, const LayerSpec& s, const ChoiceOptions& opt,
                        LatencyModel& latency);
+
+// ---- one budget for the model (model_choice.cpp) -------------------------
+// One compiled layer as the model-level choice sees it: its candidates (as
+// choose_operator takes them), the model that times them and its weight.
+struct ModelLayer {
+  const LayerSpec* spec = nullptr;
+  std::vector<OperatorCandidate>* cands = nullptr;
+  LatencyModel* latency = nullptr;
+  double weight = 1;  // --layer-weights
+};
+
+struct ModelChoiceOptions {
+  ModelErrorKind error = ModelErrorKind::kMax;
+  // The relative margin by which the model may exceed its latency budget
+  // and count as meeting it: given (>= 0), or measured (< 0) as the spread
+  // of repeated timings of the frontier operators, within [floor, cap].
+  double noise = -1;
+  double noise_floor = 0.05, noise_cap = 0.10;
+};
+
+struct ModelChoice {
+  std::vector<Choice> layers;  // per layer, as choose_operator returns it
+  ModelBudgetRecord record;
+  bool per_layer_fallback = false;  // no choice met the model's objective: each layer chose on its own
+};
+
+// Under Objective::kMinSpeedup, the assignment of least model error whose
+// summed latency is within the teachers' sum / min_speedup; one that needs
+// the noise margin to fit replaces it only when its model error is at most
+// half (or nothing fits the budget itself); under kMaxError, the fastest whose model error (weighted,
+// not normalized: --max-error keeps its unit) is at most max_error. Times
+// every allowed operator of every layer (once per latency key). When no
+// assignment meets the objective, each layer falls back to
+// choose_operator's rule. The layers' latency models must stay alive.
+ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOptions& o, const ModelChoiceOptions& mo);
+
+// The model record of choices made layer by layer (--budget layer): the
+// stored operators' summed latency and the model error they give.
+ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, const std::vector<Choice>& choices,
+                                         const ChoiceOptions& o, ModelErrorKind error);
 
 }  // namespace compile_detail
 }  // namespace asap

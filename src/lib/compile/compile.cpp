@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
@@ -66,6 +68,22 @@ Targets parse_targets(const std::string& name) {
   for (Targets t : {Targets::kBoth, Targets::kClosureReady, Targets::kKMatched})
     if (name == targets_name(t)) return t;
   throw Error(str("--targets must be both, closure-ready or k-matched, found '", name, "'"));
+}
+
+const char* budget_name(BudgetScope b) { return b == BudgetScope::kModel ? "model" : "layer"; }
+
+BudgetScope parse_budget(const std::string& name) {
+  for (BudgetScope b : {BudgetScope::kModel, BudgetScope::kLayer})
+    if (name == budget_name(b)) return b;
+  throw Error(str("--budget must be 'model' or 'layer', found '", name, "'"));
+}
+
+const char* model_error_name(ModelErrorKind k) { return k == ModelErrorKind::kMax ? "max" : "sum"; }
+
+ModelErrorKind parse_model_error(const std::string& name) {
+  for (ModelErrorKind k : {ModelErrorKind::kMax, ModelErrorKind::kSum})
+    if (name == model_error_name(k)) return k;
+  throw Error(str("--model-error must be 'max' or 'sum', found '", name, "'"));
 }
 
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
@@ -130,6 +148,10 @@ Setup validate_options(const CompileOptions& opt) {
   if (opt.objective == Objective::kMaxError)
     ASAP_CHECK(std::isfinite(opt.max_error) && opt.max_error > 0, "--max-error must be a finite number > 0, found ",
                opt.max_error);
+  for (double w : opt.layer_weights)
+    ASAP_CHECK(std::isfinite(w) && w > 0, "--layer-weights must be finite numbers > 0, found ", w);
+  ASAP_CHECK(std::isnan(opt.latency_noise) == false && opt.latency_noise < 1,
+             "--latency-noise must be a fraction below 1 (e.g. 0.02), found ", opt.latency_noise);
   Setup u;
   u.slice_counts = opt.slice_counts;
   if (opt.fixed_slices > 0) {
@@ -295,6 +317,10 @@ json compile_options_json(const CompileOptions& opt) {
               {"objective", objective_name(opt.objective)},
               {"min_speedup", opt.min_speedup},
               {"max_error", opt.max_error},
+              {"budget", budget_name(opt.budget)},
+              {"model_error", model_error_name(opt.model_error)},
+              {"layer_weights", opt.layer_weights},
+              {"latency_noise", opt.latency_noise},
               {"deploy_batch", opt.deploy_batch},
               {"latency", opt.latency ? opt.latency->describe() : json("measured")},
               {"zero_parameter_operators", opt.zero_parameter_operators},
@@ -395,51 +421,7 @@ struct Chosen {
   json latency_source;
 };
 
-// Latency describes the deployment machine: measured once, on rank 0, which
-// chooses for every rank (with --latency-threads threads, restored after).
-void choose_on_rank0(const LayerRun& r, const Statistics& st, Chosen& c) {
-  const LayerSpec& s = r.s;
-  const CompileOptions& opt = r.opt;
-  std::vector<int64_t> timed;  // held-out examples in this rank's files
-  for (int64_t e : st.held_idx)
-    if (e >= r.sh.readable_begin && e < r.sh.readable_end) timed.push_back(e);
-  if (timed.empty())
-    for (int64_t e = r.sh.readable_begin;
-         e < r.sh.readable_end && static_cast<int64_t>(timed.size()) < opt.deploy_batch; ++e)
-      timed.push_back(e);
-  const int rank_threads = at::get_num_threads();
-  const bool switch_threads = opt.latency_threads > 0 && opt.latency_threads != rank_threads;
-  if (switch_threads) at::set_num_threads(opt.latency_threads);
-  struct Restore {
-    int n;
-    bool on;
-    ~Restore() {
-      if (on) at::set_num_threads(n);
-    }
-  } restore{rank_threads, switch_threads};
-  std::shared_ptr<LatencyModel> model =
-      opt.latency ? opt.latency : measured_latency(r.stream, s, r.theta, timed, opt.deploy_batch);
-  c.latency_source = model->describe();
-  ChoiceOptions co;
-  co.objective = opt.objective;
-  co.min_speedup = opt.min_speedup;
-  co.max_error = opt.max_error;
-  co.pass_budget = r.budget;
-  co.fixed_closures = opt.closures;
-  co.parametric_only = !opt.zero_parameter_operators;
-  if (opt.progress) opt.progress({s.name, "latency", 0, 1});
-  c.ch = choose_operator(c.cands, s, co, *model);
-  if (opt.progress) opt.progress({s.name, "latency", 1, 1});
-  // One pass of T should cost far less than all of them: when plain
-  // softmax (T' = 1) times like the teacher, load dominated the timings.
-  if (s.T >= 4 && c.cands.size() > 1 && c.cands[1].latency > 0.8 * c.ch.teacher_latency && opt.warn)
-    opt.warn(str("layer '", s.name, "': Sinkhorn T' = 1 timed at ", c.cands[1].latency / c.ch.teacher_latency,
-                 " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
-                 "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
-}
-
-Chosen layer_choice(const LayerRun& r, const Statistics& st, const FitTable& ft, const HeldoutErrors& he,
-                    bool can_select, PhaseTimes& times) {
+Chosen layer_candidates(const LayerRun& r, const FitTable& ft, const HeldoutErrors& he) {
   Chosen c;
   c.cands = operator_candidates(r.s, ft.fits, he, r.opt, c.dropped);
   if (!c.dropped.empty() && r.opt.warn)
@@ -448,15 +430,65 @@ Chosen layer_choice(const LayerRun& r, const Statistics& st, const FitTable& ft,
                    "and are not considered, e.g. ",
                    c.dropped.front()));
   for (const auto& x : c.cands) c.any_asap |= x.op.kind == OperatorKind::kAsap;
-  if (can_select && (!r.comm || r.comm->rank() == 0)) choose_on_rank0(r, st, c);
-  if (can_select && r.comm) {
-    std::vector<double> idx{static_cast<double>(c.ch.index)};
-    const auto tc = Clock::now();
-    r.comm->broadcast(idx, 0);
-    times.communication += seconds_since(tc);
-    c.ch.index = static_cast<int>(idx[0]);
-  }
   return c;
+}
+
+// The operators are timed with --deploy-threads threads (restored after).
+struct DeployThreads {
+  explicit DeployThreads(int want) : n(at::get_num_threads()), on(want > 0 && want != n) {
+    if (on) at::set_num_threads(want);
+  }
+  ~DeployThreads() {
+    if (on) at::set_num_threads(n);
+  }
+  int n;
+  bool on;
+};
+
+// The layer's latency model: the fused operators on held-out examples of
+// this rank's files at the deployment batch, or the injected one.
+std::shared_ptr<LatencyModel> layer_latency_model(const LayerRun& r, const Statistics& st) {
+  if (r.opt.latency) return r.opt.latency;
+  std::vector<int64_t> timed;  // held-out examples in this rank's files
+  for (int64_t e : st.held_idx)
+    if (e >= r.sh.readable_begin && e < r.sh.readable_end) timed.push_back(e);
+  if (timed.empty())
+    for (int64_t e = r.sh.readable_begin;
+         e < r.sh.readable_end && static_cast<int64_t>(timed.size()) < r.opt.deploy_batch; ++e)
+      timed.push_back(e);
+  return measured_latency(r.stream, r.s, r.theta, timed, r.opt.deploy_batch);
+}
+
+ChoiceOptions choice_options(const CompileOptions& opt, int pass_budget) {
+  ChoiceOptions co;
+  co.objective = opt.objective;
+  co.min_speedup = opt.min_speedup;
+  co.max_error = opt.max_error;
+  co.pass_budget = pass_budget;
+  co.fixed_closures = opt.closures;
+  co.parametric_only = !opt.zero_parameter_operators;
+  return co;
+}
+
+// One pass of T should cost far less than all of them: when plain softmax
+// (T' = 1) times like the teacher, load dominated the timings.
+void warn_if_busy(const LayerRun& r, const Chosen& c) {
+  if (r.s.T >= 4 && c.cands.size() > 1 && c.cands[1].latency > 0.8 * c.ch.teacher_latency && r.opt.warn)
+    r.opt.warn(str("layer '", r.s.name, "': Sinkhorn T' = 1 timed at ", c.cands[1].latency / c.ch.teacher_latency,
+                   " of the teacher's latency, so the machine looks too busy for the timings to mean much; the "
+                   "choice may not hold on a quiet machine (rerun there, or pass --latency-table)"));
+}
+
+// Latency describes the deployment machine: measured once, on rank 0, which
+// chooses for every rank.
+void choose_on_rank0(const LayerRun& r, const Statistics& st, Chosen& c) {
+  DeployThreads threads(r.opt.latency_threads);
+  std::shared_ptr<LatencyModel> model = layer_latency_model(r, st);
+  c.latency_source = model->describe();
+  if (r.opt.progress) r.opt.progress({r.s.name, "latency", 0, 1});
+  c.ch = choose_operator(c.cands, r.s, choice_options(r.opt, r.budget), *model);
+  if (r.opt.progress) r.opt.progress({r.s.name, "latency", 1, 1});
+  warn_if_busy(r, c);
 }
 
 // The optional refit (--fit kl / attention) of the chosen map, which must
@@ -635,49 +667,187 @@ LayerRecord layer_record(const LayerRun& r, const Setup& setup, const Statistics
   return rec;
 }
 
-// One layer through every phase: its compiled layer and its record.
-std::pair<CompiledLayer, LayerRecord> compile_layer(const LayerSpec& s, const Checkpoint& ck, CalibFile& calib,
-                                                    const std::string& spec_path, const Setup& setup,
-                                                    const CompileOptions& opt, int64_t& bytes_read) {
+// One layer's evaluation, kept until every layer has one (the model budget
+// chooses across them). Not movable: `run` refers into it.
+struct LayerWork {
+  LayerWork(const LayerSpec& spec, CalibFile& calib, const Checkpoint& ck, const Setup& setup,
+            const CompileOptions& opt)
+      : s(spec),
+        stream(calib, spec, ck, opt.float64, opt.comm ? 0 : opt.max_examples),
+        sh(make_shards(opt.comm.get(), calib, stream.num_examples(), opt.max_examples)),
+        budget(opt.max_passes > 0 ? opt.max_passes : std::max(1, spec.T - 2)),
+        widest(widest_family(setup, opt)),
+        theta(make_slice_bank(spec.head_dim, opt.slice_bank, opt.seed ^ name_hash(spec.name))),
+        run{s, stream, sh, theta, widest, budget, opt, opt.comm.get()} {
+    stream.set_first_example(sh.readable_begin);
+  }
+  LayerWork(const LayerWork&) = delete;
+  LayerWork& operator=(const LayerWork&) = delete;
+
+  const LayerSpec& s;
+  LayerStream stream;
+  Shards sh;
+  int budget;  // log-sum-exp passes an ASAP map may use
+  FeatureFamily widest;
+  at::Tensor theta;
+  LayerRun run;
+  PhaseTimes times;
+  Statistics st;
+  bool can_select = false;
+  FitTable ft;
+  HeldoutErrors he;
+  Chosen c;
+  double seconds = 0;  // spent in this layer's phases
+};
+
+// Steps 1 to 3 of one layer, and its candidate operators.
+std::unique_ptr<LayerWork> evaluate_layer(const LayerSpec& s, const Checkpoint& ck, CalibFile& calib,
+                                          const std::string& spec_path, const Setup& setup, const CompileOptions& opt) {
   const auto t_layer = Clock::now();
-  Communicator* comm = opt.comm.get();
   ASAP_CHECK(s.T >= 2, "teacher spec '", spec_path, "': layer '", s.name, "' has T = ", s.T,
              " (plain softmax): there is no Sinkhorn loop to amortize, so asapc refuses to compile it");
-  LayerStream stream(calib, s, ck, opt.float64, comm ? 0 : opt.max_examples);
-  const Shards sh = make_shards(comm, calib, stream.num_examples(), opt.max_examples);
-  stream.set_first_example(sh.readable_begin);
-  const int budget = opt.max_passes > 0 ? opt.max_passes : std::max(1, s.T - 2);
+  auto w = std::make_unique<LayerWork>(s, calib, ck, setup, opt);
   if (s.T <= 3 && opt.warn)
     opt.warn(str("layer '", s.name, "' has T = ", s.T,
                  ": few operators can be both faster than the teacher and "
                  "close to it"));
-  const FeatureFamily widest = widest_family(setup, opt);
-  const at::Tensor theta = make_slice_bank(s.head_dim, opt.slice_bank, opt.seed ^ name_hash(s.name));
-  const LayerRun r{s, stream, sh, theta, widest, budget, opt, comm};
-  PhaseTimes times;
-
-  const Statistics st = layer_statistics(r, calib.path(), times);  // 1. statistics
-  const bool can_select = st.n_held >= opt.min_heldout;
-  if (!can_select && opt.warn)
-    opt.warn(str("layer '", s.name, "': only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
+  const LayerRun& r = w->run;
+  w->st = layer_statistics(r, calib.path(), w->times);  // 1. statistics
+  w->can_select = w->st.n_held >= opt.min_heldout;
+  if (!w->can_select && opt.warn)
+    opt.warn(str("layer '", s.name, "': only ", w->st.n_held, " held-out examples (fewer than ", opt.min_heldout,
                  "): ridge, slices, features and closures fall back to documented defaults"));
   auto t = Clock::now();
-  FitTable ft = layer_fits(r, st, setup, can_select);  // 2. candidate fits (3. adds their errors)
-  times.solve = seconds_since(t);
+  w->ft = layer_fits(r, w->st, setup, w->can_select);  // 2. candidate fits (3. adds their errors)
+  w->times.solve = seconds_since(t);
   t = Clock::now();
-  HeldoutErrors he;  // 3. held-out errors of every candidate operator
-  if (can_select)
-    he = heldout_errors(stream, sh, s, theta, widest, st.held_idx, ft.fits,
-                        closures_to_evaluate(ft.fits, s, opt, budget), error_options(opt));
-  times.selection = seconds_since(t);
-  t = Clock::now();
-  Chosen c = layer_choice(r, st, ft, he, can_select, times);  // 4 + 5. latency and choice
-  times.latency = seconds_since(t);
-  Built b = build_layer(r, st, ft, c, can_select);  // 6. the compiled layer
-  LayerRecord rec = layer_record(r, setup, st, ft, he, c, b, can_select, times, seconds_since(t_layer));
-  bytes_read += stream.bytes_read();
+  if (w->can_select)  // 3. held-out errors of every candidate operator
+    w->he = heldout_errors(w->stream, w->sh, s, w->theta, w->widest, w->st.held_idx, w->ft.fits,
+                           closures_to_evaluate(w->ft.fits, s, opt, w->budget), error_options(opt));
+  w->times.selection = seconds_since(t);
+  w->c = layer_candidates(r, w->ft, w->he);
+  w->seconds = seconds_since(t_layer);
+  return w;
+}
+
+// Steps 4 + 5, each layer on its own (--budget layer, --objective fidelity).
+void choose_per_layer(LayerWork& w) {
+  const auto t = Clock::now();
+  Communicator* comm = w.run.comm;
+  if (w.can_select && (!comm || comm->rank() == 0)) choose_on_rank0(w.run, w.st, w.c);
+  if (w.can_select && comm) {
+    std::vector<double> idx{static_cast<double>(w.c.ch.index)};
+    const auto tc = Clock::now();
+    comm->broadcast(idx, 0);
+    w.times.communication += seconds_since(tc);
+    w.c.ch.index = static_cast<int>(idx[0]);
+  }
+  w.times.latency = seconds_since(t);
+  w.seconds += w.times.latency;
+}
+
+// The layers' model inputs (weights from --layer-weights).
+std::vector<ModelLayer> model_layers(std::vector<std::unique_ptr<LayerWork>>& work, const CompileOptions& opt,
+                                     std::vector<std::shared_ptr<LatencyModel>>& models) {
+  std::vector<ModelLayer> ml;
+  for (size_t l = 0; l < work.size(); ++l) {
+    ModelLayer m;
+    m.spec = &work[l]->s;
+    m.cands = &work[l]->c.cands;
+    m.latency = l < models.size() ? models[l].get() : nullptr;
+    m.weight = opt.layer_weights.empty() ? 1.0 : opt.layer_weights[l];
+    ml.push_back(m);
+  }
+  return ml;
+}
+
+// Steps 4 + 5 for the model (--budget model): rank 0 times every layer's
+// operators and solves; every rank stores its choice. Returns the model's
+// record (rank 0).
+std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_ptr<LayerWork>>& work,
+                                                      const CompileOptions& opt) {
+  const auto t = Clock::now();
+  Communicator* comm = opt.comm.get();
+  std::optional<ModelBudgetRecord> rec;
+  std::vector<double> idx(work.size(), -1.0);
+  if (!comm || comm->rank() == 0) {
+    DeployThreads threads(opt.latency_threads);
+    std::vector<std::shared_ptr<LatencyModel>> models;
+    for (auto& w : work) {
+      models.push_back(layer_latency_model(w->run, w->st));
+      w->c.latency_source = models.back()->describe();
+    }
+    std::vector<ModelLayer> ml = model_layers(work, opt, models);
+    ModelChoiceOptions mo;
+    mo.error = opt.model_error;
+    mo.noise = opt.latency_noise;
+    if (opt.progress) opt.progress({"model", "latency", 0, 1});
+    ModelChoice mc = choose_for_model(ml, choice_options(opt, work[0]->budget), mo);
+    if (opt.progress) opt.progress({"model", "latency", 1, 1});
+    for (size_t l = 0; l < work.size(); ++l) {
+      work[l]->c.ch = mc.layers[l];
+      warn_if_busy(work[l]->run, work[l]->c);
+      idx[l] = mc.layers[l].index;
+    }
+    rec = mc.record;
+  }
+  if (comm) {
+    const auto tc = Clock::now();
+    comm->broadcast(idx, 0);
+    work[0]->times.communication += seconds_since(tc);
+    for (size_t l = 0; l < work.size(); ++l) work[l]->c.ch.index = static_cast<int>(idx[l]);
+  }
+  const double share = seconds_since(t) / static_cast<double>(work.size());
+  for (auto& w : work) w->times.latency = share, w->seconds += share;
+  return rec;
+}
+
+// Whether the model budget applies: --budget model with a latency
+// objective, and a data-driven choice on every layer (else each layer
+// chooses on its own, with a warning naming the layer).
+bool model_budget_applies(const std::vector<std::unique_ptr<LayerWork>>& work, const CompileOptions& opt) {
+  if (opt.budget != BudgetScope::kModel || opt.objective == Objective::kFidelity) return false;
+  for (const auto& w : work)
+    if (!w->can_select) {
+      if (opt.warn)
+        opt.warn(str("layer '", w->s.name,
+                     "' has too few held-out examples for a data-driven choice, so the model budget (--budget "
+                     "model) does not apply: each layer is chosen on its own"));
+      return false;
+    }
+  return true;
+}
+
+// Step 6 and the record of one layer.
+std::pair<CompiledLayer, LayerRecord> finish_layer(LayerWork& w, const Setup& setup,
+                                                   const std::optional<ModelBudgetRecord>& model, int64_t& bytes_read) {
+  const auto t = Clock::now();
+  Built b = build_layer(w.run, w.st, w.ft, w.c, w.can_select);  // 6. the compiled layer
+  w.seconds += seconds_since(t);
+  LayerRecord rec = layer_record(w.run, setup, w.st, w.ft, w.he, w.c, b, w.can_select, w.times, w.seconds);
+  rec.model = model;
+  bytes_read += w.stream.bytes_read();
   b.cl.fit_json = json(rec).dump();  // the artifact's fit record: the file edge
   return {std::move(b.cl), std::move(rec)};
+}
+
+// Steps 4 + 5 for every layer: the model's budget, or each layer's own.
+std::optional<ModelBudgetRecord> choose_operators(std::vector<std::unique_ptr<LayerWork>>& work,
+                                                  const CompileOptions& opt) {
+  ASAP_CHECK(opt.layer_weights.empty() || opt.layer_weights.size() == work.size(), "--layer-weights gives ",
+             opt.layer_weights.size(), " weight(s) for ", work.size(), " compiled layer(s); give one per layer");
+  if (model_budget_applies(work, opt)) return choose_for_the_model(work, opt);
+  for (auto& w : work) choose_per_layer(*w);
+  Communicator* comm = opt.comm.get();
+  const bool all_timed = std::all_of(work.begin(), work.end(), [](const std::unique_ptr<LayerWork>& w) {
+    return w->can_select && w->c.ch.index >= 0 && w->c.ch.teacher_latency > 0;
+  });
+  if (!all_timed || opt.objective == Objective::kFidelity || (comm && comm->rank() != 0)) return std::nullopt;
+  std::vector<std::shared_ptr<LatencyModel>> none;
+  std::vector<ModelLayer> ml = model_layers(work, opt, none);
+  std::vector<Choice> ch;
+  for (auto& w : work) ch.push_back(w->c.ch);
+  return per_layer_model_record(ml, ch, choice_options(opt, work[0]->budget), opt.model_error);
 }
 
 // The summary's "distributed" record: world size, bytes read, communication.
@@ -728,11 +898,15 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
   result.summary.checkpoint = ckpt_path;
   result.summary.spec = spec_path;
   result.summary.calibration = calib.path();
-  for (const LayerSpec* lp : layers) {
-    auto layer = compile_layer(*lp, ck, calib, spec_path, setup, opt, bytes_read);
+  std::vector<std::unique_ptr<LayerWork>> work;  // 1-3 for every layer before any choice
+  for (const LayerSpec* lp : layers) work.push_back(evaluate_layer(*lp, ck, calib, spec_path, setup, opt));
+  const std::optional<ModelBudgetRecord> model = choose_operators(work, opt);  // 4 + 5
+  for (auto& w : work) {                                                       // 6
+    auto layer = finish_layer(*w, setup, model, bytes_read);
     art.layers.push_back(std::move(layer.first));
     result.summary.layers.push_back(std::move(layer.second));
   }
+  result.summary.model_budget = model;
   result.summary.distributed = distributed_record(comm, bytes_read);
   result.summary.total_time_s = seconds_since(t_all);
   return result;

@@ -408,6 +408,48 @@ void from_json(const json& j, RecordOptions& r) {
   r.float64 = get<bool>(j, w, "float64");
 }
 
+void to_json(json& j, const ModelBudgetRecord& r) {
+  j = json{{"scope", r.scope},
+           {"error", r.error},
+           {"layers", r.layers},
+           {"weights", r.weights},
+           {"error_scales", r.error_scales},
+           {"teacher_latency_s", r.teacher_latency_s},
+           {"latency_s", r.latency_s},
+           {"teacher_total_s", r.teacher_total_s},
+           {"total_s", r.total_s},
+           {"speedup", r.speedup},
+           {"model_error", r.model_error},
+           {"worst_layer", r.worst_layer},
+           {"noise_margin", r.noise_margin},
+           {"within_noise", r.within_noise},
+           {"target_met", r.target_met}};
+  put(j, "min_speedup", r.min_speedup);
+  put(j, "max_error", r.max_error);
+  put(j, "noise_measured", r.noise_measured);
+}
+void from_json(const json& j, ModelBudgetRecord& r) {
+  const char* w = "'model_budget'";
+  r.scope = get<std::string>(j, w, "scope");
+  r.error = get<std::string>(j, w, "error");
+  r.layers = get<std::vector<std::string>>(j, w, "layers");
+  r.weights = nums(j, w, "weights");
+  r.error_scales = nums(j, w, "error_scales");
+  r.teacher_latency_s = nums(j, w, "teacher_latency_s");
+  r.latency_s = nums(j, w, "latency_s");
+  r.teacher_total_s = num(j, w, "teacher_total_s");
+  r.total_s = num(j, w, "total_s");
+  r.speedup = num(j, w, "speedup");
+  r.model_error = num(j, w, "model_error");
+  r.worst_layer = get<std::string>(j, w, "worst_layer");
+  r.noise_margin = num(j, w, "noise_margin");
+  r.within_noise = get<bool>(j, w, "within_noise");
+  r.target_met = get<bool>(j, w, "target_met");
+  r.min_speedup = maybe_num(j, w, "min_speedup");
+  r.max_error = maybe_num(j, w, "max_error");
+  r.noise_measured = maybe_num(j, w, "noise_measured");
+}
+
 const FitCandidateRecord* LayerRecord::find_candidate(const std::string& name) const {
   for (const auto& c : candidates)
     if (c.candidate == name) return &c;
@@ -442,6 +484,7 @@ void to_json(json& j, const LayerRecord& r) {
            {"phase_times_s", r.phase_times_s},
            {"options", r.options}};
   if (r.refit) j[r.refit->fit == "attention" ? "attention_fit" : "kl"] = *r.refit;
+  if (r.model) j["model_budget"] = *r.model;
 }
 void from_json(const json& j, LayerRecord& r) {
   const char* w = "the layer record";
@@ -476,6 +519,8 @@ void from_json(const json& j, LayerRecord& r) {
     r.refit = refit_from_json(j["kl"], "kl");
   else if (j.contains("attention_fit"))
     r.refit = refit_from_json(j["attention_fit"], "attention");
+  r.model.reset();  // absent in artifacts of asapc before the model budget
+  if (j.contains("model_budget")) r.model = j["model_budget"].get<ModelBudgetRecord>();
 }
 
 void to_json(json& j, const DistributedRecord& r) {
@@ -509,6 +554,7 @@ void to_json(json& j, const CompileSummary& r) {
   j = json{{"checkpoint", r.checkpoint},   {"spec", r.spec},
            {"calibration", r.calibration}, {"layers", r.layers},
            {"distributed", r.distributed}, {"total_time_s", r.total_time_s}};
+  put(j, "model_budget", r.model_budget);
   put(j, "artifact", r.artifact);
   if (r.report) j["report"] = json{{"html", r.report->html}, {"json", r.report->json}};
 }
@@ -520,6 +566,8 @@ void from_json(const json& j, CompileSummary& r) {
   r.layers = list<LayerRecord>(j, w, "layers");
   r.distributed = field(j, w, "distributed").get<DistributedRecord>();
   r.total_time_s = num(j, w, "total_time_s");
+  r.model_budget.reset();
+  if (j.contains("model_budget")) r.model_budget = j["model_budget"].get<ModelBudgetRecord>();
   r.artifact = maybe<std::string>(j, w, "artifact");
   r.report.reset();
   if (j.contains("report"))

@@ -795,6 +795,35 @@ footer{color:var(--muted);font-size:12px;text-align:center}
  table,.callout,p.choice{break-inside:avoid;page-break-inside:avoid} @page{margin:12mm}}
 )CSS";
 
+// The model first: the sum of the layers' latencies (the model budget's
+// measure) and the layer furthest from its teacher relative to plain softmax.
+template <class Layers>
+std::string model_paragraph(const Layers& layers) {
+  if (layers.empty()) return "";
+  double t = 0, d = 0, worst = -1, worst_err = -1;
+  bool timed = true;
+  std::string worst_name;
+  for (const auto& L : layers) {
+    timed = timed && L.def() && L.def()->timed() && L.teacher() && L.teacher()->timed();
+    if (!L.def()) continue;
+    if (timed) t += L.teacher()->lat, d += L.def()->lat;
+    double softmax = -1;
+    for (const auto& op : L.ops)
+      if (op.kind == "sinkhorn" && op.steps == 1) softmax = op.err;
+    const double e = L.def()->err, n = softmax > 0 && good(e) ? e / softmax : e;
+    if (good(e) && n > worst) worst = n, worst_err = e, worst_name = L.name;
+  }
+  std::string p = "<p class=\"model\"><b>The model";
+  p += timed && d > 0 ? " runs at " + ratio(t / d) +
+                            " the teachers' speed</b> (sum of the layers' latencies: " + svg::fmt_seconds(d) +
+                            " against " + svg::fmt_seconds(t) + ")"
+                      : "</b> was not timed";
+  if (!worst_name.empty())
+    p += "; its largest error is in layer <b>" + esc(worst_name) + "</b> (attention error " + fmt(worst_err) +
+         (worst != worst_err ? ", " + fmt(worst) + " of plain softmax's" : std::string()) + ")";
+  return p + ".</p>";
+}
+
 std::string layer_section(const Layer& L, const Verdict& v, const std::vector<Compared>& cmp, size_t index) {
   std::string o = "<section class=\"card layer\" id=\"layer-" + itos(static_cast<int64_t>(index)) + "\">";
   o += "<h2>" + esc(L.name) + "</h2>";
@@ -918,6 +947,7 @@ std::string render_html_report(const nlohmann::json& v, const std::string& title
     any_timed = any_timed || (L.def() && L.def()->timed());
   }
   o += "<section class=\"card summary\"><h2>Summary</h2>";
+  o += model_paragraph(layers);
   std::string para = "<p><b>At equal " + std::string(any_timed ? "latency" : "cost") +
                      ", is ASAP closer to the teacher than simply running Sinkhorn with fewer iterations?</b> ";
   if (layers.empty())

@@ -44,6 +44,27 @@ json metrics_json(const FidelityMetrics& m) {
 
 }  // namespace
 
+ModelVerification VerifyResult::model() const {
+  ModelVerification m;
+  double t = 0, d = 0;
+  bool timed = !layers.empty();
+  for (const auto& l : layers) {
+    double lt = -1, ld = -1, err = -1, softmax = -1;
+    for (const auto& o : l.operators) {
+      if (o.kind == "teacher") lt = o.latency_s;
+      if (o.is_default) ld = o.latency_s, err = o.metrics.attention_rel_error;
+      if (o.kind == "sinkhorn" && o.steps == 1) softmax = o.metrics.attention_rel_error;
+    }
+    timed = timed && lt > 0 && ld > 0;
+    t += lt;
+    d += ld;
+    const double norm = softmax > 0 ? err / softmax : err;
+    if (err >= 0 && norm > m.worst_normalized) m.worst_normalized = norm, m.worst_error = err, m.worst_layer = l.name;
+  }
+  if (timed) m.teacher_latency_s = t, m.latency_s = d, m.speedup = t / d;
+  return m;
+}
+
 json VerifyResult::to_json() const {
   json j{{"artifact", artifact},
          {"checkpoint", checkpoint},
@@ -73,6 +94,13 @@ json VerifyResult::to_json() const {
                            {"break_even_calls", l.break_even_calls},
                            {"fit", l.fit}});
   }
+  const ModelVerification m = model();
+  j["model"] = {{"teacher_latency_s", m.teacher_latency_s},
+                {"latency_s", m.latency_s},
+                {"speedup", m.speedup},
+                {"worst_layer", m.worst_layer},
+                {"worst_error", m.worst_error},
+                {"worst_normalized", m.worst_normalized}};
   return j;
 }
 

@@ -1,0 +1,291 @@
+// One latency budget for the model (choose.h, docs/decisions.md "One budget
+// for the model"): every layer's operators timed, each layer's error
+// normalized by its Sinkhorn T' = 1 error, and the exact knapsack of
+// budget.h spends the model's latency where the error is.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "asap/error.h"
+#include "compile/budget.h"
+#include "compile/choose.h"
+
+namespace asap {
+namespace compile_detail {
+
+namespace {
+
+ModelError kind_of(ModelErrorKind k) { return k == ModelErrorKind::kSum ? ModelError::kSum : ModelError::kMax; }
+
+// What a layer's error is divided by: its error for Sinkhorn T' = 1 (plain
+// softmax), so that an easy and a hard layer compare; 1 when that is not
+// a positive finite number.
+double error_scale(const std::vector<OperatorCandidate>& c) {
+  for (const auto& x : c)
+    if (x.op.kind == OperatorKind::kSinkhorn && x.op.steps == 1 && std::isfinite(x.error) && x.error > 0)
+      return x.error;
+  return 1.0;
+}
+
+// Times the teacher and its loops, then every operator the options allow,
+// one per latency key (pooling, target and coefficients do not change the
+// time), in chunks; the key's latency is copied to its other candidates.
+void time_every_operator(std::vector<OperatorCandidate>& c, Timer& timer, const ChoiceOptions& o) {
+  std::vector<int> loops;
+  for (size_t i = 1; i < c.size(); ++i)
+    if (c[i].op.kind == OperatorKind::kSinkhorn) loops.push_back(static_cast<int>(i));
+  timer.time(loops);
+  std::map<std::string, int> first_of_key;
+  std::vector<int> todo;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (c[i].latency < 0 && allowed(c[i], o) && first_of_key.emplace(c[i].op.key(), static_cast<int>(i)).second)
+      todo.push_back(static_cast<int>(i));
+  for (size_t pos = 0; pos < todo.size(); pos += static_cast<size_t>(o.chunk)) {
+    const auto end = std::min(todo.size(), pos + static_cast<size_t>(o.chunk));
+    timer.time(std::vector<int>(todo.begin() + static_cast<std::ptrdiff_t>(pos),
+                                todo.begin() + static_cast<std::ptrdiff_t>(end)));
+  }
+  for (auto& x : c)
+    if (x.latency < 0 && allowed(x, o)) x.latency = c[static_cast<size_t>(first_of_key.at(x.op.key()))].latency;
+}
+
+// The layer's budget points: every allowed, timed candidate (index map in `of`).
+BudgetLayer budget_layer(const std::vector<OperatorCandidate>& c, const ChoiceOptions& o, double weight, bool normalize,
+                         std::vector<int>& of) {
+  BudgetLayer b;
+  b.weight = weight;
+  b.error_scale = normalize ? error_scale(c) : 1.0;
+  of.clear();
+  for (size_t i = 0; i < c.size(); ++i)
+    if (allowed(c[i], o) && c[i].latency > 0 && std::isfinite(c[i].error)) {
+      b.points.push_back({c[i].error, c[i].latency});
+      of.push_back(static_cast<int>(i));
+    }
+  return b;
+}
+
+// How much closer to the teachers a choice within the timing noise of the
+// budget (but over it) must bring the model to be taken over the budget's
+// own choice: the issue's bar ("no operator more than twice as far from the
+// teacher as a candidate within the noise").
+constexpr double kNoiseGain = 2.0;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Times each layer's frontier operators kRetimes more times, each call
+// with the teacher. Their latency becomes the median of their timings
+// (copied to candidates of the same key): the choice rests on those. Returns
+// the timing noise: the median over those operators of the relative spread
+// of their timings (1.4826 times the median absolute deviation over the
+// median: one standard deviation of a single timing, robust to a burst of
+// load that moves one timing).
+constexpr int kRetimes = 4;
+double retime_frontiers(std::vector<ModelLayer>& layers, std::vector<Timer>& timers, const std::vector<BudgetLayer>& bl,
+                        const std::vector<std::vector<int>>& of) {
+  std::vector<double> spread;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    auto& c = *layers[l].cands;
+    std::vector<int> idx;
+    for (int p : pareto_frontier(bl[l].points)) idx.push_back(of[l][static_cast<size_t>(p)]);
+    idx.erase(std::remove(idx.begin(), idx.end(), 0), idx.end());  // the teacher is timed in every call anyway
+    if (idx.empty()) continue;
+    std::vector<std::vector<double>> t(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) t[j].push_back(c[static_cast<size_t>(idx[j])].latency);
+    for (int rep = 0; rep < kRetimes; ++rep) {
+      timers[l].time(idx);
+      for (size_t j = 0; j < idx.size(); ++j) t[j].push_back(c[static_cast<size_t>(idx[j])].latency);
+    }
+    for (size_t j = 0; j < idx.size(); ++j) {
+      auto& x = c[static_cast<size_t>(idx[j])];
+      const double m = median(t[j]);
+      std::vector<double> dev;
+      for (double v : t[j]) dev.push_back(std::abs(v - m));
+      spread.push_back(1.4826 * median(dev) / m);
+      x.latency = m;
+      for (auto& y : c)
+        if (y.op.kind == OperatorKind::kAsap && y.latency > 0 && y.op.key() == x.op.key()) y.latency = m;
+    }
+  }
+  return spread.empty() ? 0.0 : median(spread);
+}
+
+std::string passes_phrase(const OperatorCandidate& x) {
+  if (x.op.kind == OperatorKind::kTeacher) return "the teacher";
+  if (x.op.kind == OperatorKind::kSinkhorn) return x.name;
+  return std::to_string(x.op.lse_passes()) + "-pass map " + x.name;
+}
+
+// The model record of a choice (one candidate index per layer).
+ModelBudgetRecord record_of(const std::vector<ModelLayer>& layers, const std::vector<BudgetLayer>& bl,
+                            const std::vector<int>& pick, const std::vector<double>& t0, const ChoiceOptions& o,
+                            ModelErrorKind kind) {
+  ModelBudgetRecord r;
+  r.error = model_error_name(kind);
+  double worst = -1;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& x = (*layers[l].cands)[static_cast<size_t>(pick[l])];
+    r.layers.push_back(layers[l].spec->name);
+    r.weights.push_back(bl[l].weight);
+    r.error_scales.push_back(bl[l].error_scale);
+    r.teacher_latency_s.push_back(t0[l]);
+    r.latency_s.push_back(x.latency);
+    r.teacher_total_s += t0[l];
+    r.total_s += x.latency;
+    const double e = bl[l].normalized({x.error, x.latency});
+    r.model_error = kind == ModelErrorKind::kSum ? r.model_error + e : std::max(r.model_error, e);
+    if (e > worst) worst = e, r.worst_layer = layers[l].spec->name;
+  }
+  r.speedup = r.total_s > 0 ? r.teacher_total_s / r.total_s : 0;
+  if (o.objective == Objective::kMinSpeedup) r.min_speedup = o.min_speedup;
+  if (o.objective == Objective::kMaxError) r.max_error = o.max_error;
+  return r;
+}
+
+// The decision line of layer l under the model's choice: what it stores,
+// its share of the model's error, and why not the next more accurate
+// operator on its frontier.
+std::string model_decision(const std::vector<ModelLayer>& layers, const std::vector<BudgetLayer>& bl,
+                           const std::vector<std::vector<int>>& of, const std::vector<int>& pick, size_t l,
+                           const ModelBudgetRecord& r, const ChoiceOptions& o) {
+  const auto& c = *layers[l].cands;
+  const auto& x = c[static_cast<size_t>(pick[l])];
+  const double t0 = r.teacher_latency_s[l];
+  std::string d = passes_phrase(x) + ": held-out attention error " + fmt(x.error) + ", " + times(t0 / x.latency) +
+                  " the teacher's speed";
+  const int sk = best_sinkhorn_within(c, x.latency);
+  if (x.op.kind == OperatorKind::kAsap && sk > 0)
+    d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
+         fmt(c[static_cast<size_t>(sk)].error);
+  const double e = bl[l].normalized({x.error, x.latency});
+  if (r.layers.size() > 1 && r.error == "max")
+    d += r.worst_layer == layers[l].spec->name ? "; the model's largest error (" + fmt(e) + " of softmax's)"
+                                               : "; " + fmt(e) + " of softmax's error, below the model's largest";
+  // The next more accurate operator of this layer: what it would cost the model.
+  const auto front = pareto_frontier(bl[l].points);
+  for (int p : front) {
+    const auto& y = c[static_cast<size_t>(of[l][static_cast<size_t>(p)])];
+    if (!(y.error < x.error) || y.latency <= x.latency) continue;
+    const double model = r.teacher_total_s / (r.total_s - x.latency + y.latency);
+    d += "; the next more accurate, " + passes_phrase(y) + " (" + fmt(y.error) + "), would put the model at " +
+         times(model);
+    break;
+  }
+  d += " -- " + times(r.speedup) + " for the model";
+  if (o.objective == Objective::kMinSpeedup) {
+    d += " (budget " + times(o.min_speedup);
+    if (r.within_noise) d += ", met within the timing noise of " + fmt(100 * r.noise_margin, 2) + "%";
+    d += ")";
+  } else {
+    d += ", the fastest assignment whose largest layer error is within " + fmt(o.max_error);
+  }
+  return d;
+}
+
+}  // namespace
+
+ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOptions& o, const ModelChoiceOptions& mo) {
+  ASAP_CHECK(!layers.empty(), "choose_for_model: no layers");
+  ASAP_CHECK(o.objective != Objective::kFidelity, "choose_for_model: --objective fidelity chooses per layer");
+  std::vector<Timer> timers;
+  timers.reserve(layers.size());
+  std::vector<double> t0;
+  for (auto& L : layers) {
+    ASAP_CHECK(!L.cands->empty() && (*L.cands)[0].op.kind == OperatorKind::kTeacher,
+               "choose_for_model: the first candidate must be the teacher");
+    timers.emplace_back(*L.cands, *L.spec, *L.latency);
+    time_every_operator(*L.cands, timers.back(), o);
+    t0.push_back(timers.back().t0());
+  }
+  const bool by_speed = o.objective == Objective::kMinSpeedup;
+  std::vector<BudgetLayer> bl(layers.size());
+  std::vector<std::vector<int>> of(layers.size());
+  auto rebuild = [&] {
+    for (size_t l = 0; l < layers.size(); ++l)
+      bl[l] = budget_layer(*layers[l].cands, o, layers[l].weight, by_speed, of[l]);
+  };
+  rebuild();
+  double margin = 0;
+  std::optional<double> measured;
+  if (by_speed) {
+    if (mo.noise >= 0) {
+      margin = mo.noise;
+    } else {
+      measured = retime_frontiers(layers, timers, bl, of);
+      margin = std::min(mo.noise_cap, std::max(mo.noise_floor, *measured));
+      rebuild();
+    }
+  }
+  double t_sum = 0;
+  for (double t : t0) t_sum += t;
+  BudgetChoice b;
+  if (by_speed) {
+    // The budget's own choice, and the one within the noise margin: the
+    // latter only when it is at least kNoiseGain times closer to the
+    // teachers (else the margin would just become the budget).
+    b = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind_of(mo.error));
+    const BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
+    if (noisy.feasible && (!b.feasible || noisy.model_error * kNoiseGain <= b.model_error)) b = noisy;
+  } else {
+    b = fastest_within_error(bl, o.max_error * (1 + kTieRel), kind_of(mo.error));
+  }
+  ModelChoice mc;
+  if (!b.feasible) {  // no assignment meets the model's objective: each layer on its own
+    mc.per_layer_fallback = true;
+    for (auto& L : layers) mc.layers.push_back(choose_operator(*L.cands, *L.spec, o, *L.latency));
+    mc.record = per_layer_model_record(layers, mc.layers, o, mo.error);
+    mc.record.scope = "model";
+    mc.record.noise_margin = margin;
+    mc.record.noise_measured = measured;
+    mc.record.target_met = false;
+    const std::string why = by_speed ? "no choice of operators makes the model " + times(o.min_speedup) +
+                                           " faster than the teachers, so each layer is chosen on its own: "
+                                     : "no choice of operators keeps every layer within attention error " +
+                                           fmt(o.max_error) + ", so each layer is chosen on its own: ";
+    for (auto& ch : mc.layers) ch.decision = why + ch.decision;
+    return mc;
+  }
+  std::vector<int> pick;
+  for (size_t l = 0; l < layers.size(); ++l) pick.push_back(of[l][static_cast<size_t>(b.choice[l])]);
+  mc.record = record_of(layers, bl, pick, t0, o, mo.error);
+  mc.record.scope = "model";
+  mc.record.noise_margin = margin;
+  mc.record.noise_measured = measured;
+  mc.record.within_noise = b.within_noise;
+  mc.record.target_met = true;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Choice ch;
+    ch.index = pick[l];
+    ch.target_met = true;
+    ch.teacher_latency = t0[l];
+    ch.latency_calls = timers[l].calls();
+    ch.decision = model_decision(layers, bl, of, pick, l, mc.record, o);
+    mc.layers.push_back(std::move(ch));
+  }
+  return mc;
+}
+
+ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, const std::vector<Choice>& choices,
+                                         const ChoiceOptions& o, ModelErrorKind error) {
+  std::vector<BudgetLayer> bl;
+  std::vector<int> pick;
+  std::vector<double> t0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    std::vector<int> of;
+    bl.push_back(budget_layer(*layers[l].cands, o, layers[l].weight, o.objective == Objective::kMinSpeedup, of));
+    pick.push_back(choices[l].index);
+    t0.push_back(choices[l].teacher_latency);
+  }
+  ModelBudgetRecord r = record_of(layers, bl, pick, t0, o, error);
+  r.scope = "layer";
+  r.target_met = std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.target_met; });
+  return r;
+}
+
+}  // namespace compile_detail
+}  // namespace asap
