@@ -798,6 +798,19 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(out.find("--max-error needs --objective max-error") != std::string::npos);
   CHECK(run_cmd(base + " --min-speedup 0", &out) == 2);
   CHECK(out.find("--min-speedup takes a finite number > 0, found '0'") != std::string::npos);
+  // The model budget's flags.
+  CHECK(run_cmd(base + " --budget network", &out) == 2);
+  CHECK(out.find("--budget must be 'model' or 'layer', found 'network'") != std::string::npos);
+  CHECK(run_cmd(base + " --model-error mean", &out) == 2);
+  CHECK(out.find("--model-error must be 'max' or 'sum', found 'mean'") != std::string::npos);
+  CHECK(run_cmd(base + " --layer-weights 1,0", &out) == 2);
+  CHECK(out.find("--layer-weights takes") != std::string::npos);
+  CHECK(run_cmd(base + " --latency-noise -0.1", &out) == 2);
+  CHECK(out.find("--latency-noise takes") != std::string::npos);
+  CHECK(run_cmd(base + " --latency-noise 1.5", &out) == 2);
+  CHECK(out.find("--latency-noise must be a fraction below 1") != std::string::npos);
+  CHECK(run_cmd(base + " --layer-weights 1,2,3", &out) == 2);  // the spec has 2 layers
+  CHECK(out.find("--layer-weights gives 3 weight(s) for 2 compiled layer(s)") != std::string::npos);
   CHECK(run_cmd(base + " --deploy-batch 0", &out) == 2);
   CHECK(out.find("--deploy-batch takes an integer >= 1, found '0'") != std::string::npos);
   CHECK(run_cmd(base + " --features alpha+sinkhorn3", &out) == 2);

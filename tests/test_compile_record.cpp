@@ -88,6 +88,25 @@ asap::LayerRecord full_record(const std::string& fit) {
   r.teacher_time_s = 0.75;
   r.phase_times_s = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
   r.options = {32, {0, 4, 8, 16, 32}, {0, 1e-4}, 0.5, 0.25, 77, 8, 4, 3, true};
+  asap::ModelBudgetRecord m;
+  m.scope = "model";
+  m.error = "max";
+  m.layers = {"blocks.0.attn", "blocks.1.attn"};
+  m.weights = {1.0, 2.0};
+  m.error_scales = {0.5, 0.25};
+  m.teacher_latency_s = {4.375e-4, 4.5e-4};
+  m.latency_s = {3.5e-4, 3.25e-4};
+  m.teacher_total_s = 8.875e-4;
+  m.total_s = 6.75e-4;
+  m.speedup = 8.875 / 6.75;
+  m.min_speedup = 1.25;
+  m.model_error = 0.125;
+  m.worst_layer = "blocks.1.attn";
+  m.noise_margin = 0.05;
+  m.noise_measured = 0.0125;
+  m.within_noise = true;
+  m.target_met = true;
+  r.model = m;
   if (fit == "kl") {
     asap::KlRefitRecord kl;
     kl.ridge_grid = {1e-6, 1e-5};
@@ -155,7 +174,14 @@ TEST_CASE("compile record: every field survives to_json and from_json") {
     CHECK(!back.latency.choice->operators.at(1).latency_s.has_value());
     CHECK(back.phase_times_s.communication == 0.8);
     CHECK(back.refit.has_value() == (std::string(fit) != "ls"));
+    CHECK(back.model->worst_layer == "blocks.1.attn");
+    CHECK(back.model->noise_measured.value() == 0.0125);
+    CHECK(!back.model->max_error.has_value());
   }
+  // A fit record of an asapc before the model budget has none: still read.
+  json old = full_record("ls");
+  old.erase("model_budget");
+  CHECK(!old.get<asap::LayerRecord>().model.has_value());
   // The JSON keys of the refit depend on the fit: "kl" / "heldout_attention_error_kl",
   // "attention_fit" / "heldout_attention_error_refit".
   CHECK(json(full_record("kl"))["kl"].contains("heldout_attention_error_kl"));
@@ -180,7 +206,9 @@ TEST_CASE("compile record: the summary and its distributed record round-trip, nu
   s.total_time_s = 3.5;
   s.artifact = "a.asap.h5";
   s.report = asap::CompileSummary::ReportPaths{"a.report.html", "a.report.json"};
+  s.model_budget = full_record("ls").model;
   json j = s;
+  CHECK(j["model_budget"]["speedup"].get<double>() == doctest::Approx(8.875 / 6.75));
   CHECK(json(j.get<asap::CompileSummary>()).dump() == j.dump());
   CHECK(j["distributed"].dump() == R"({"calibration_bytes_read":4096,"world_size":1})");  // an integer in one process
   s.distributed.world_size = 2;
@@ -392,4 +420,46 @@ TEST_CASE(
         CHECK(L.coef[h][p].item<double>() == doctest::Approx(coef[h][p].get<double>()).epsilon(1e-6));
     }
   }
+}
+
+TEST_CASE(
+    "compile record: on the bundled ViT with a recorded latency table, the model budget is at least as accurate") {
+  // The same table as above: each layer on its own (--budget layer) and one
+  // budget for the model (the default). The model's choice must be at least
+  // as accurate by the model's error at the same budget, and its summed
+  // latency within the budget plus the noise margin it records.
+  const std::string root = ASAP_SOURCE_DIR;
+  std::ifstream in(root + "/tests/data/bundled_vit_choice.json");
+  REQUIRE(in.good());
+  const json expect = json::parse(in);
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
+  auto run = [&](asap::BudgetScope b) {
+    asap::CompileOptions o;
+    o.latency = asap::latency_table_from_file(dir / "lat.json");
+    o.budget = b;
+    return asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
+                                 root + "/calib_data/vit_mnist_t6.calib.h5", o);
+  };
+  const auto layer = run(asap::BudgetScope::kLayer), model = run(asap::BudgetScope::kModel);
+  REQUIRE(layer.summary.model_budget);
+  REQUIRE(model.summary.model_budget);
+  const auto& ml = *layer.summary.model_budget;
+  const auto& mm = *model.summary.model_budget;
+  CHECK(ml.scope == "layer");
+  CHECK(mm.scope == "model");
+  CHECK(mm.model_error <= ml.model_error * (1 + 1e-9));
+  CHECK(mm.total_s <= mm.teacher_total_s / 1.25 * (1 + mm.noise_margin) * (1 + 1e-9));
+  CHECK(mm.within_noise == (mm.total_s > mm.teacher_total_s / 1.25 * (1 + 1e-9)));
+  CHECK((!mm.noise_measured || *mm.noise_measured == 0.0));  // a table's repeated timings do not spread
+  double total = 0;
+  for (size_t i = 0; i < model.summary.layers.size(); ++i) {
+    const auto& L = model.summary.layers[i];
+    REQUIRE(L.chosen.latency_s);
+    total += *L.chosen.latency_s;
+    CHECK(L.model->speedup == mm.speedup);  // every fit record carries the model's record
+    CHECK(L.decision.find("for the model") != std::string::npos);
+  }
+  CHECK(total == doctest::Approx(mm.total_s));
+  CHECK(mm.speedup == doctest::Approx(mm.teacher_total_s / mm.total_s));
 }

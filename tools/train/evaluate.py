@@ -46,13 +46,14 @@ for _d in (TRAIN_DIR, TOOLS_DIR, os.path.join(REPO, "python")):   # tools/: sink
     if _d not in sys.path:
         sys.path.insert(0, _d)
 
-# Targets of issue 13 (points of accuracy, share of agreement), and per layer
-# from asapc verify: the default operator at least MIN_SPEEDUP times faster
-# than the teacher, and closer to it than every Sinkhorn budget of no higher
+# Targets of issues 13 and 25 (points of accuracy, share of agreement), and
+# from asapc verify: the model (the sum of its layers' latencies) at least
+# MIN_SPEEDUP times faster than the teachers, and each layer's default
+# operator closer to its teacher than every Sinkhorn budget of no higher
 # latency.
 TARGETS = {
     "vit": {"max_drop": 0.3, "min_agreement": 99.0},
-    "text": {"max_drop": 0.5, "min_agreement": None},
+    "text": {"max_drop": 0.5, "min_agreement": 95.0},
 }
 MIN_SPEEDUP = 1.25
 
@@ -175,7 +176,10 @@ def verify_layers(path):
         row["best_sinkhorn_within_latency"] = best(by_lat)
         row["best_sinkhorn_within_passes"] = best(by_pass)
         out.append(row)
-    return {"file": path, "data": d.get("data"), "layers": out}
+    t = [l["teacher_latency_s"] for l in out]
+    o = [l["asap"]["latency_s"] for l in out]
+    model = sum(t) / sum(o) if out and all(x and x > 0 for x in t + o) else None
+    return {"file": path, "data": d.get("data"), "layers": out, "model_speedup": model}
 
 
 def run(a):
@@ -404,13 +408,12 @@ def targets(r):
                      % (v["agreement"], r["test_examples"] - v["agree"], r["test_examples"]))
     ver = r.get("verify")
     if ver:
-        slow = [(l["name"], l.get("speedup")) for l in ver["layers"]
-                if not l.get("speedup") or l["speedup"] < MIN_SPEEDUP]
-        met = not slow
+        model = ver.get("model_speedup")
+        met = bool(model) and model >= MIN_SPEEDUP
         ok &= met
-        lines.append("default operator at least %.2fx faster than the teacher on every layer "
-                     "(asapc verify): **%s** (%s)"
-                     % (MIN_SPEEDUP, "met" if met else "missed",
+        lines.append("the model at least %.2fx faster than the teachers, measured by asapc verify as the "
+                     "sum of its layers' latencies: **%s** (%s; per layer %s)"
+                     % (MIN_SPEEDUP, "met" if met else "missed", "%.2fx" % model if model else "untimed",
                         ", ".join("%.2fx" % l["speedup"] if l.get("speedup") else "untimed"
                                   for l in ver["layers"])))
         beaten = [l["name"] for l in ver["layers"] if l["best_sinkhorn_within_latency"] is not None
@@ -422,12 +425,13 @@ def targets(r):
                                           "" if met else " (not on %s)" % ", ".join(
                                               "`%s`" % b for b in beaten)))
     c = r.get("curve")
-    fast = [q for q in (c["points"] if c else []) if q["min_speedup"] and q["min_speedup"] >= MIN_SPEEDUP]
+    fast = [q for q in (c["points"] if c else [])
+            if q.get("attention_speedup") and q["attention_speedup"] >= MIN_SPEEDUP]
     if fast:
         b = max(fast, key=lambda q: q["agreement"])
-        lines.append("best agreement over the compile targets of the curve below with every layer at least "
+        lines.append("best agreement over the compile targets of the curve below with the model at least "
                      "%.2fx faster (asapc verify): %.2f%% (`%s`, %.2fx, accuracy %.2f%%)"
-                     % (MIN_SPEEDUP, b["agreement"], b["target"], b["min_speedup"], b["accuracy"]))
+                     % (MIN_SPEEDUP, b["agreement"], b["target"], b["attention_speedup"], b["accuracy"]))
     p = max(int(x) for x in v["passes"].split("/"))
     same = next((s for s in r["variants"] if s["kind"] == "sinkhorn" and s["T"] == p), None)
     if same is not None:
@@ -484,6 +488,10 @@ def layer_table(r):
                     % (L["name"], what, a["passes"], a["error"], fmt_ms(a["latency_s"]),
                        fmt_ms(L["teacher_latency_s"]),
                        "%.2fx" % L["speedup"] if L.get("speedup") else "—", c1, v1, c2, v2))
+    t = sum(L["teacher_latency_s"] or 0 for L in ver["layers"])
+    o = sum(L["asap"]["latency_s"] or 0 for L in ver["layers"])
+    rows.append("| **the model** (sum) | | | %s | %s | **%s** | | | | |"
+                % (fmt_ms(o), fmt_ms(t), "%.2fx" % ver["model_speedup"] if ver.get("model_speedup") else "—"))
     rows.append("")
     rows.append("All reduced budgets (attention relative error / latency in ms; * = ends on the "
                 "other marginal):")
@@ -729,9 +737,10 @@ def report(a):
             results[0]["threads"], "" if results[0]["threads"] == 1 else "s"),
          "",
          "Each teacher's attention layers are replaced, in the full model, by: the compiled model "
-         "(each layer's stored operator, chosen by `asapc compile` as the most accurate one at "
-         "least 1.25x faster than the fused teacher on this machine: an ASAP map, or plain "
-         "Sinkhorn T' when no map beats it); when every layer stores an ASAP map, the ASAP "
+         "(each layer's stored operator, chosen by `asapc compile` under one latency budget for "
+         "the model: the layers' summed latency at least 1.25x below the fused teachers' on this "
+         "machine, the error spent where it costs least; an ASAP map, or plain Sinkhorn T' where "
+         "no map beats it); when every layer stores an ASAP map, the ASAP "
          "operator with k closures (`asap_torch.patch_model`, which runs the TorchScript custom "
          "operator `libasap_torch_op.so`; ASAP-0 is k = 1, **bold** = the compiled default); an "
          "artifact compiled with `--fit kl` at its default k; and the teacher's own Sinkhorn "
@@ -796,15 +805,15 @@ def report(a):
         L.append("")
         L += curve_section(r, "images/" + os.path.basename(curve_png[r["name"]]) if r["name"] in curve_png else None)
         if ver:
-            slow = [l["name"] for l in ver["layers"]
-                    if not l.get("speedup") or l["speedup"] < MIN_SPEEDUP]
-            if slow:
-                L.append("On this run the default operator is less than %.2fx faster than the "
-                         "teacher on %d of %d layers (n = %s). Compile chose it on its own timing "
-                         "of the same kernels; the two runs differ by timing noise, and by the "
-                         "machine's load when it was shared (each layer's fit record has compile's "
-                         "latency table)."
-                         % (MIN_SPEEDUP, len(slow), len(ver["layers"]), _n_of(r)))
+            model = ver.get("model_speedup")
+            if not model or model < MIN_SPEEDUP:
+                L.append("On this run the model is less than %.2fx faster than the teachers (%s, n = %s). "
+                         "Compile chose its operators on its own timing of the same kernels, and may "
+                         "exceed the budget by its measured timing noise when that brings the model "
+                         "at least twice as close to the teachers (docs/decisions.md); the two runs "
+                         "also differ by timing noise (each layer's fit record has compile's latency "
+                         "table and the model's budget)."
+                         % (MIN_SPEEDUP, "%.2fx" % model if model else "untimed", _n_of(r)))
                 L.append("")
     L += ["## Reproducing", "",
           "```sh",

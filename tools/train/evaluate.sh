@@ -30,8 +30,10 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=out/eval
 TRAIN=0 FORCE=0 QUICK=0 CURVE=1 THREADS=2 ONLY=""
 # --min-speedup targets of the curve (1.25, the default, is the main artifact);
-# "fidelity" = --objective fidelity; a "+attention" suffix adds --fit attention
-CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+attention 1.1 1.2 1.25+attention 1.33 1.5 2"}
+# "fidelity" = --objective fidelity; a "+attention" suffix adds --fit attention,
+# a "+layer" suffix --budget layer (each layer on its own, the rule before the
+# model budget)
+CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+attention 1.1 1.2 1.25+layer 1.25+attention 1.33 1.5 2"}
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) TRAIN=1 ;;
@@ -115,8 +117,10 @@ for entry in $TEACHERS; do
     for target in $CURVE_TARGETS; do
       art="$OUT/$stem.curve-$target.asap.h5" cver="$OUT/$stem.curve-$target.verify.json"
       goal=${target%+attention} how=()
+      goal=${goal%+layer}
       if [ "$goal" = fidelity ]; then how=(--objective fidelity); else how=(--min-speedup "$goal"); fi
-      [ "$goal" != "$target" ] && how+=(--fit attention)
+      case "$target" in *+attention) how+=(--fit attention) ;; esac
+      case "$target" in *+layer) how+=(--budget layer) ;; esac
       if stale "$art" "${files[@]}" "$ASAPC"; then
         echo "== $name: curve: compiling ${how[*]} -> $art"
         "$ASAPC" compile "$base.pt" --spec "$base.spec.json" --calib "$base.calib.h5" -o "$art" \

@@ -834,8 +834,6 @@ std::pair<CompiledLayer, LayerRecord> finish_layer(LayerWork& w, const Setup& se
 // Steps 4 + 5 for every layer: the model's budget, or each layer's own.
 std::optional<ModelBudgetRecord> choose_operators(std::vector<std::unique_ptr<LayerWork>>& work,
                                                   const CompileOptions& opt) {
-  ASAP_CHECK(opt.layer_weights.empty() || opt.layer_weights.size() == work.size(), "--layer-weights gives ",
-             opt.layer_weights.size(), " weight(s) for ", work.size(), " compiled layer(s); give one per layer");
   if (model_budget_applies(work, opt)) return choose_for_the_model(work, opt);
   for (auto& w : work) choose_per_layer(*w);
   Communicator* comm = opt.comm.get();
@@ -889,6 +887,8 @@ CompileResult compile_teacher(const std::string& ckpt_path, const std::string& s
         return str("--layers names '", name, "', which teacher spec '", spec_path, "' does not describe");
       });
 
+  ASAP_CHECK(opt.layer_weights.empty() || opt.layer_weights.size() == layers.size(), "--layer-weights gives ",
+             opt.layer_weights.size(), " weight(s) for ", layers.size(), " compiled layer(s); give one per layer");
   CompileResult result;
   Artifact& art = result.artifact;
   art.asapc_version = ASAP_VERSION_STRING;
