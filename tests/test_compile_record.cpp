@@ -155,6 +155,25 @@ std::string error_without(json j, const std::vector<std::string>& path, const st
   return "";
 }
 
+// tests/data/bundled_vit_choice.json (described where it is first used, below).
+json bundled_vit_choice() {
+  std::ifstream in(std::string(ASAP_SOURCE_DIR) + "/tests/data/bundled_vit_choice.json");
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+// The bundled ViT compiled with the file's latency table under budget `b`.
+asap::CompileResult compile_bundled_vit(const json& recorded, asap::BudgetScope b) {
+  const std::string root = ASAP_SOURCE_DIR;
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << recorded.at("latency_table").dump();
+  asap::CompileOptions o;
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  o.budget = b;
+  return asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
+                               root + "/calib_data/vit_mnist_t6.calib.h5", o);
+}
+
 }  // namespace
 
 TEST_CASE("compile record: every field survives to_json and from_json") {
@@ -390,18 +409,8 @@ TEST_CASE(
   // to the phases, the choice or the records that alters a decision shows
   // here. (An intended change of the math updates the file, with a note in
   // the commit.)
-  const std::string root = ASAP_SOURCE_DIR;
-  std::ifstream in(root + "/tests/data/bundled_vit_choice.json");
-  REQUIRE(in.good());
-  const json expect = json::parse(in);
-  TempDir dir;
-  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
-  asap::CompileOptions o;
-  o.latency = asap::latency_table_from_file(dir / "lat.json");
-  o.budget = asap::BudgetScope::kLayer;  // the rule of the recording: every layer on its own
-  const auto r =
-      asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
-                            root + "/calib_data/vit_mnist_t6.calib.h5", o);
+  const json expect = bundled_vit_choice();
+  const auto r = compile_bundled_vit(expect, asap::BudgetScope::kLayer);  // the rule of the recording
   const auto& want = expect.at("layers");
   REQUIRE(r.artifact.layers.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -428,20 +437,9 @@ TEST_CASE(
   // budget for the model (the default). The model's choice must be at least
   // as accurate by the model's error at the same budget, and its summed
   // latency within the budget plus the noise margin it records.
-  const std::string root = ASAP_SOURCE_DIR;
-  std::ifstream in(root + "/tests/data/bundled_vit_choice.json");
-  REQUIRE(in.good());
-  const json expect = json::parse(in);
-  TempDir dir;
-  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
-  auto run = [&](asap::BudgetScope b) {
-    asap::CompileOptions o;
-    o.latency = asap::latency_table_from_file(dir / "lat.json");
-    o.budget = b;
-    return asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
-                                 root + "/calib_data/vit_mnist_t6.calib.h5", o);
-  };
-  const auto layer = run(asap::BudgetScope::kLayer), model = run(asap::BudgetScope::kModel);
+  const json expect = bundled_vit_choice();
+  const auto layer = compile_bundled_vit(expect, asap::BudgetScope::kLayer);
+  const auto model = compile_bundled_vit(expect, asap::BudgetScope::kModel);
   REQUIRE(layer.summary.model_budget);
   REQUIRE(model.summary.model_budget);
   const auto& ml = *layer.summary.model_budget;

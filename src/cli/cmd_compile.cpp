@@ -221,7 +221,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->delimiter(',');
   c->add_option("--latency-noise", o.latency_noise,
                 "relative margin by which the model may exceed its latency budget (default: the spread of repeated "
-                "timings, at least 5% and at most 10%; 0: a strict budget)");
+                "timings, at least 2% and at most 10%; 0: a strict budget)");
   c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
       ->capture_default_str();
   c->add_option("--latency-table", a->latency_table,

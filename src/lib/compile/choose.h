@@ -107,7 +107,7 @@ struct ModelChoiceOptions {
   // and count as meeting it: given (>= 0), or measured (< 0) as the spread
   // of repeated timings of the frontier operators, within [floor, cap].
   double noise = -1;
-  double noise_floor = 0.05, noise_cap = 0.10;
+  double noise_floor = 0.02, noise_cap = 0.10;
 };
 
 struct ModelChoice {
