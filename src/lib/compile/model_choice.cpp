@@ -78,41 +78,82 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// Times each layer's frontier operators kRetimes more times, each call
-// with the teacher. Their latency becomes the median of their timings
-// (copied to candidates of the same key): the choice rests on those. Returns
-// the timing noise: the median over those operators of the relative spread
-// of their timings (1.4826 times the median absolute deviation over the
-// median: one standard deviation of a single timing, robust to a burst of
-// load that moves one timing).
+// Times the operators idx[l] of every layer `reps` more times, the layers
+// interleaved (so that a burst of load does not land on all of one
+// layer's timings); returns each one's timings, its current latency first.
+std::vector<std::vector<std::vector<double>>> retime(std::vector<ModelLayer>& layers, std::vector<Timer>& timers,
+                                                     const std::vector<std::vector<int>>& idx, int reps) {
+  std::vector<std::vector<std::vector<double>>> t(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (int i : idx[l]) t[l].push_back({(*layers[l].cands)[static_cast<size_t>(i)].latency});
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (idx[l].empty()) continue;
+      timers[l].time(idx[l]);
+      for (size_t j = 0; j < idx[l].size(); ++j)
+        t[l][j].push_back((*layers[l].cands)[static_cast<size_t>(idx[l][j])].latency);
+    }
+  return t;
+}
+
+// Sets candidate i's latency, and that of every candidate of the same key.
+void set_latency(std::vector<OperatorCandidate>& c, int i, double latency) {
+  const std::string key = c[static_cast<size_t>(i)].op.key();
+  for (auto& y : c)
+    if (y.latency > 0 && y.op.key() == key) y.latency = latency;
+}
+
+// Times each layer's frontier operators kRetimes more times. Their latency
+// becomes the median of their timings (copied to candidates of the same
+// key): the choice rests on those. Returns the timing noise: the median
+// over those operators of the relative spread of their timings (1.4826
+// times the median absolute deviation over the median: one standard
+// deviation of a single timing, robust to a burst of load that moves one
+// timing).
 constexpr int kRetimes = 4;
 double retime_frontiers(std::vector<ModelLayer>& layers, std::vector<Timer>& timers, const std::vector<BudgetLayer>& bl,
                         const std::vector<std::vector<int>>& of) {
-  std::vector<double> spread;
+  std::vector<std::vector<int>> idx(layers.size());
   for (size_t l = 0; l < layers.size(); ++l) {
-    auto& c = *layers[l].cands;
-    std::vector<int> idx;
-    for (int p : pareto_frontier(bl[l].points)) idx.push_back(of[l][static_cast<size_t>(p)]);
-    idx.erase(std::remove(idx.begin(), idx.end(), 0), idx.end());  // the teacher is timed in every call anyway
-    if (idx.empty()) continue;
-    std::vector<std::vector<double>> t(idx.size());
-    for (size_t j = 0; j < idx.size(); ++j) t[j].push_back(c[static_cast<size_t>(idx[j])].latency);
-    for (int rep = 0; rep < kRetimes; ++rep) {
-      timers[l].time(idx);
-      for (size_t j = 0; j < idx.size(); ++j) t[j].push_back(c[static_cast<size_t>(idx[j])].latency);
-    }
-    for (size_t j = 0; j < idx.size(); ++j) {
-      auto& x = c[static_cast<size_t>(idx[j])];
-      const double m = median(t[j]);
-      std::vector<double> dev;
-      for (double v : t[j]) dev.push_back(std::abs(v - m));
-      spread.push_back(1.4826 * median(dev) / m);
-      x.latency = m;
-      for (auto& y : c)
-        if (y.op.kind == OperatorKind::kAsap && y.latency > 0 && y.op.key() == x.op.key()) y.latency = m;
-    }
+    for (int p : pareto_frontier(bl[l].points)) idx[l].push_back(of[l][static_cast<size_t>(p)]);
+    idx[l].erase(std::remove(idx[l].begin(), idx[l].end(), 0), idx[l].end());  // the teacher is in every call
   }
+  const auto t = retime(layers, timers, idx, kRetimes);
+  std::vector<double> spread;
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t j = 0; j < idx[l].size(); ++j) {
+      const double m = median(t[l][j]);
+      std::vector<double> dev;
+      for (double v : t[l][j]) dev.push_back(std::abs(v - m));
+      spread.push_back(1.4826 * median(dev) / m);
+      set_latency(*layers[l].cands, idx[l][j], m);
+    }
   return spread.empty() ? 0.0 : median(spread);
+}
+
+// Times the chosen operators (pick[l]; not the teacher, not yet confirmed)
+// kConfirms more times: each one's latency becomes the slower of its
+// latency and the median of the new timings, so that an operator chosen
+// on a lucky timing meets the budget again. Returns whether any changed.
+constexpr int kConfirms = 3;
+bool confirm_choice(std::vector<ModelLayer>& layers, std::vector<Timer>& timers, const std::vector<int>& pick,
+                    std::vector<std::vector<std::string>>& confirmed) {
+  std::vector<std::vector<int>> idx(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::string key = (*layers[l].cands)[static_cast<size_t>(pick[l])].op.key();
+    if (pick[l] == 0 || std::find(confirmed[l].begin(), confirmed[l].end(), key) != confirmed[l].end()) continue;
+    confirmed[l].push_back(key);
+    idx[l].push_back(pick[l]);
+  }
+  const auto t = retime(layers, timers, idx, kConfirms);
+  bool changed = false;
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t j = 0; j < idx[l].size(); ++j) {
+      const double before = t[l][j][0];
+      const double after = median(std::vector<double>(t[l][j].begin() + 1, t[l][j].end()));
+      if (after > before) set_latency(*layers[l].cands, idx[l][j], after), changed = true;
+    }
+  return changed;
 }
 
 std::string passes_phrase(const OperatorCandidate& x) {
@@ -223,16 +264,26 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   }
   double t_sum = 0;
   for (double t : t0) t_sum += t;
-  BudgetChoice b;
-  if (by_speed) {
+  auto solve = [&] {
+    if (!by_speed) return fastest_within_error(bl, o.max_error * (1 + kTieRel), kind_of(mo.error));
     // The budget's own choice, and the one within the noise margin: the
     // latter only when it is at least kNoiseGain times closer to the
     // teachers (else the margin would just become the budget).
-    b = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind_of(mo.error));
-    const BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
-    if (noisy.feasible && (!b.feasible || noisy.model_error * kNoiseGain <= b.model_error)) b = noisy;
-  } else {
-    b = fastest_within_error(bl, o.max_error * (1 + kTieRel), kind_of(mo.error));
+    BudgetChoice strict = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind_of(mo.error));
+    BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
+    return noisy.feasible && (!strict.feasible || noisy.model_error * kNoiseGain <= strict.model_error) ? noisy
+                                                                                                        : strict;
+  };
+  BudgetChoice b = solve();
+  // The chosen operators are timed again before they are stored; a slower
+  // confirmation solves again (latencies only grow, so this ends).
+  std::vector<std::vector<std::string>> confirmed(layers.size());
+  while (b.feasible) {
+    std::vector<int> pick;
+    for (size_t l = 0; l < layers.size(); ++l) pick.push_back(of[l][static_cast<size_t>(b.choice[l])]);
+    if (!confirm_choice(layers, timers, pick, confirmed)) break;
+    rebuild();
+    b = solve();
   }
   ModelChoice mc;
   if (!b.feasible) {  // no assignment meets the model's objective: each layer on its own
