@@ -1004,7 +1004,7 @@ def test_compiled_sinkhorn_artifact_runs_everywhere():
              os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", path,
              "--no-report", "--threads", "1", "--features", "alpha", "--heads-mode", "pooled",
              "--latency-table", table])
-    assert "plain Sinkhorn beats every ASAP map" in r.stdout or "no ASAP map runs" in r.stdout, r.stdout
+    assert "no ASAP map runs as fast here" in r.stdout, r.stdout
     art = asap_torch.load_artifact(path, backend=BACKENDS[0])
     steps = {n: art.layer(n).sinkhorn_steps for n in art.layer_names}
     assert all(art.layer(n).operator == "sinkhorn" and 1 <= steps[n] <= 4 for n in steps), steps

@@ -188,6 +188,22 @@ ModelBudgetRecord record_of(const std::vector<ModelLayer>& layers, const std::ve
   return r;
 }
 
+// Where a layer stores a loop: the best ASAP map no slower, or that none
+// runs as fast (with the fastest map's speed).
+std::string asap_next_to(const std::vector<OperatorCandidate>& c, const OperatorCandidate& x) {
+  const OperatorCandidate *best = nullptr, *fastest = nullptr;
+  for (const auto& y : c) {
+    if (y.op.kind != OperatorKind::kAsap || y.latency <= 0) continue;
+    if (!fastest || y.latency < fastest->latency) fastest = &y;
+    if (y.latency <= x.latency && (!best || y.error < best->error)) best = &y;
+  }
+  if (best) return "; the best ASAP map no slower, " + best->name + ", has " + fmt(best->error);
+  if (fastest)
+    return "; no ASAP map runs as fast here (the fastest, " + fastest->name + ", at " +
+           times(c[0].latency / fastest->latency) + " the teacher's speed)";
+  return "";
+}
+
 // The decision line of layer l under the model's choice: what it stores,
 // its share of the model's error, and why not the next more accurate
 // operator on its frontier.
@@ -203,6 +219,7 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
   if (x.op.kind == OperatorKind::kAsap && sk > 0)
     d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
          fmt(c[static_cast<size_t>(sk)].error);
+  if (x.op.kind != OperatorKind::kAsap) d += asap_next_to(c, x);
   const double e = bl[l].normalized({x.error, x.latency});
   if (r.layers.size() > 1 && r.error == "max")
     d += r.worst_layer == layers[l].spec->name ? "; the model's largest error (" + fmt(e) + " of softmax's)"
