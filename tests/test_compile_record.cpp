@@ -334,7 +334,7 @@ TEST_CASE("compile record: with an injected latency table, the artifact stores t
 
 TEST_CASE("compile record: asapc compile --json prints the records the artifact stores") {
   TempDir dir;
-  write_vit_calib(dir / "calib.h5", 40, 9);
+  write_vit_calib(dir / "calib.h5", 80, 9);  // enough held-out examples for a data-driven choice
   asap::write_spec(dir / "spec.json", vit_spec(6));
   std::ofstream(dir.file("lat.json")) << R"({"*": {"teacher": 6, "sinkhorn-1": 1, "sinkhorn-2": 2, "sinkhorn-3": 3,
       "sinkhorn-4": 4, "sinkhorn-5": 5, "asap-alpha-k1": 1.5, "asap-alpha-k2": 2.5, "asap-alpha-k3": 3.5,
@@ -351,6 +351,39 @@ TEST_CASE("compile record: asapc compile --json prints the records the artifact 
   REQUIRE(summary.layers.size() == art.layers.size());
   for (size_t i = 0; i < art.layers.size(); ++i)
     CHECK(json(summary.layers[i]).dump() == json(asap::parse_fit_record(art.layers[i].fit_json)).dump());
+  // The text summary's last line: the model's speed-up from the table's
+  // seconds of the stored operators (6 s per teacher), and its budget.
+  const std::string text_cmd = cmd.substr(0, cmd.find(" --json")) + " -q --threads 1";
+  REQUIRE_MESSAGE(run_cmd(text_cmd, &out) == 0, out);
+  const json lat = json::parse(std::ifstream(dir.file("lat.json")))["*"];
+  double total = 0;
+  for (const auto& L : summary.layers) {
+    const std::string key = L.chosen.op == "asap"       ? "asap-alpha-k" + std::to_string(*L.chosen.closures)
+                            : L.chosen.op == "sinkhorn" ? "sinkhorn-" + std::to_string(*L.chosen.sinkhorn_steps)
+                                                        : "teacher";
+    total += lat[key].get<double>();
+  }
+  char want[128];
+  std::snprintf(want, sizeof want, "model: %.2fx the teachers' speed", 12.0 / total);
+  CHECK_MESSAGE(out.find(want) != std::string::npos, out);
+  CHECK(out.find("budget 1.25x for the model") != std::string::npos);
+}
+
+TEST_CASE("compile record: the model budget needs a data-driven choice on every layer, and says so") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 40, 9);
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;
+  o.slice_bank = 8;
+  o.min_heldout = 1000;  // no layer has that many: documented defaults, no timing
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  const auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  CHECK(!r.summary.model_budget);
+  bool said = false;
+  for (const auto& w : warnings)
+    said = said || w.find("the model budget (--budget model) does not apply") != std::string::npos;
+  CHECK(said);
 }
 
 // The HTML report renders verify's JSON (with the fit record inside) and,
@@ -460,4 +493,39 @@ TEST_CASE(
   }
   CHECK(total == doctest::Approx(mm.total_s));
   CHECK(mm.speedup == doctest::Approx(mm.teacher_total_s / mm.total_s));
+  // The model's error from the layers' own records: the largest held-out
+  // error over the layer's Sinkhorn T' = 1 error.
+  double worst = 0;
+  for (const auto& L : model.summary.layers)
+    worst = std::max(worst, L.chosen.heldout_attention_error / L.sinkhorn_heldout_attention_error.at(0));
+  CHECK(mm.model_error == doctest::Approx(worst));
+}
+
+TEST_CASE("compile record: --layer-weights, --model-error sum and --latency-noise reach the model's choice") {
+  const json expect = bundled_vit_choice();
+  const std::string root = ASAP_SOURCE_DIR;
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
+  asap::CompileOptions o;
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  o.layer_weights = {3.0, 0.5};
+  o.model_error = asap::ModelErrorKind::kSum;
+  o.latency_noise = 0.0;
+  const auto r =
+      asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
+                            root + "/calib_data/vit_mnist_t6.calib.h5", o);
+  REQUIRE(r.summary.model_budget);
+  const auto& m = *r.summary.model_budget;
+  CHECK(m.error == "sum");
+  CHECK(m.weights == std::vector<double>{3.0, 0.5});
+  CHECK(m.noise_margin == 0.0);
+  CHECK(!m.noise_measured);
+  CHECK(m.total_s <= m.teacher_total_s / 1.25 * (1 + 1e-9));  // a strict budget
+  // The model's error: the weighted sum over the layers, from their records.
+  double sum = 0;
+  for (size_t i = 0; i < r.summary.layers.size(); ++i) {
+    const auto& L = r.summary.layers[i];
+    sum += o.layer_weights[i] * L.chosen.heldout_attention_error / L.sinkhorn_heldout_attention_error.at(0);
+  }
+  CHECK(m.model_error == doctest::Approx(sum));
 }

@@ -183,3 +183,38 @@ TEST_CASE("report: number formatting") {
   CHECK(fmt_seconds(0.000361857) == "362 \xC2\xB5s");
   CHECK(fmt_seconds(7.103016791) == "7.10 s");
 }
+
+TEST_CASE("report: the summary leads with the model's speed-up and the layer furthest from its teacher") {
+  // The ViT sample's layer and a copy ("second") that is slower and further
+  // from its teacher relative to softmax: the sum of the latencies and the
+  // worst layer, computed here from the JSON.
+  auto j = load_report_json("vit_verify.json");
+  auto second = j["layers"][0];
+  second["name"] = "second";
+  double t = 0, d = 0, softmax = 0;
+  for (const auto& o : second["operators"]) {
+    if (o["kind"] == "teacher") t = o["latency_s"].get<double>();
+    if (o["kind"] == "sinkhorn" && o["steps"] == 1) softmax = o["metrics"]["attention_rel_error"].get<double>();
+  }
+  REQUIRE(softmax > 0);
+  for (auto& o : second["operators"]) {
+    if (o["default"].get<bool>()) {
+      o["latency_s"] = 2 * o["latency_s"].get<double>();
+      o["metrics"]["attention_rel_error"] = 0.9 * softmax;
+      d = o["latency_s"].get<double>();
+    }
+  }
+  j["layers"].push_back(second);
+  const auto html = asap::render_html_report(j, "t", "");
+  const size_t summary = html.find("<h2>Summary</h2>");
+  REQUIRE(summary != std::string::npos);
+  const size_t model = html.find("<p class=\"model\">", summary);
+  REQUIRE(model != std::string::npos);
+  CHECK(model < html.find("<p>", summary + 1));  // first in the summary
+  // Two teachers of t against d / 2 + d: 2 t / (1.5 d).
+  char want[64];
+  std::snprintf(want, sizeof want, "runs at %.3g", 2 * t / (1.5 * d));
+  CHECK_MESSAGE(html.find(want, model) != std::string::npos, html.substr(model, 300));
+  CHECK_MESSAGE(html.find("layer <b>second</b>", model) != std::string::npos, html.substr(model, 400));
+  CHECK_MESSAGE(html.find("0.900 of plain softmax", model) != std::string::npos, html.substr(model, 400));
+}

@@ -196,3 +196,39 @@ TEST_CASE(
   CHECK(r2.teacher_plan_kl == doctest::Approx(r2.teacher_plan_kl_floored).epsilon(1e-12));
   CHECK(r2.plan_zero_share == 0.0);
 }
+
+TEST_CASE("verify: the model's line is the sum of the layers' latencies and the layer furthest relative to softmax") {
+  // Two layers, numbers chosen by hand: teacher 4 + 6 s, default 2 + 3 s
+  // (2x); layer "a" has the larger error (0.2 against 0.15) but "b" the
+  // larger one relative to softmax (0.15 / 0.3 = 0.5 against 0.2 / 0.8).
+  auto layer = [](const std::string& name, double t, double d, double err, double softmax) {
+    asap::LayerVerification l;
+    l.name = name;
+    asap::OperatorResult teacher, def, sm;
+    teacher.kind = "teacher";
+    teacher.latency_s = t;
+    def.kind = "asap";
+    def.steps = 2;
+    def.is_default = true;
+    def.latency_s = d;
+    def.metrics.attention_rel_error = err;
+    sm.kind = "sinkhorn";
+    sm.steps = 1;
+    sm.latency_s = 1;
+    sm.metrics.attention_rel_error = softmax;
+    l.operators = {teacher, def, sm};
+    return l;
+  };
+  asap::VerifyResult v;
+  v.layers = {layer("a", 4, 2, 0.2, 0.8), layer("b", 6, 3, 0.15, 0.3)};
+  const auto m = v.model();
+  CHECK(m.teacher_latency_s == 10);
+  CHECK(m.latency_s == 5);
+  CHECK(m.speedup == 2);
+  CHECK(m.worst_layer == "b");
+  CHECK(m.worst_error == 0.15);
+  CHECK(m.worst_normalized == doctest::Approx(0.5));
+  CHECK(v.to_json()["model"]["speedup"] == 2.0);
+  v.layers[1].operators[1].latency_s = -1;  // one layer not timed: no model speed-up
+  CHECK(v.model().speedup == -1);
+}
