@@ -16,6 +16,7 @@
 #include "asap/runtime.h"
 #include "asap/teacher.h"
 #include "asap/verify.h"
+#include "choice_fixture.h"
 #include "compile/choose.h"
 #include "compile_fixture.h"
 #include "io/layer_stream.h"
@@ -52,26 +53,6 @@ struct RuleLatency : asap::LatencyModel {
 };
 
 using asap::compile_detail::OperatorCandidate;
-
-OperatorCandidate loop_op(asap::OperatorKind kind, int steps, double err) {
-  OperatorCandidate c;
-  c.op.kind = kind;
-  c.op.steps = steps;
-  c.name = (kind == asap::OperatorKind::kTeacher ? "teacher T=" : "sinkhorn T'=") + std::to_string(steps);
-  c.error = err;
-  return c;
-}
-OperatorCandidate asap_op(int64_t slices, bool softmax, int k, double err) {
-  OperatorCandidate c;
-  c.op.family.slices = slices;
-  c.op.family.alpha = true;
-  c.op.family.softmax_dual = softmax;
-  c.op.closures = k;
-  c.name = c.op.family.name() + " k=" + std::to_string(k);
-  c.error = err;
-  c.fit = 0;
-  return c;
-}
 
 // Teacher T = 6; Sinkhorn T' = 1..5 with errors 0.6, 0.3, 0.2, 0.07, 0.1.
 std::vector<OperatorCandidate> synthetic_candidates() {

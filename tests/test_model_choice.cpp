@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "asap/error.h"
+#include "choice_fixture.h"
 #include "compile/choose.h"
 
 namespace cd = asap::compile_detail;
@@ -44,26 +45,9 @@ struct KeyLatency : asap::LatencyModel {
   nlohmann::json describe() const override { return {{"source", "test"}}; }
 };
 
-OperatorCandidate loop(OperatorKind kind, int steps, double err) {
-  OperatorCandidate c;
-  c.op.kind = kind;
-  c.op.steps = steps;
-  c.name = (kind == OperatorKind::kTeacher ? "teacher T=" : "sinkhorn T'=") + std::to_string(steps);
-  c.error = err;
-  return c;
-}
-// An ASAP map whose latency key is its slice count and k (alpha+softmax).
-OperatorCandidate map_op(int64_t slices, int k, double err) {
-  OperatorCandidate c;
-  c.op.family.slices = slices;
-  c.op.family.alpha = true;
-  c.op.family.softmax_dual = true;
-  c.op.closures = k;
-  c.name = c.op.family.name() + " k=" + std::to_string(k);
-  c.error = err;
-  c.fit = 0;
-  return c;
-}
+OperatorCandidate loop(OperatorKind kind, int steps, double err) { return asap_test::loop_op(kind, steps, err); }
+// An alpha+softmax map whose latency key is its slice count and k.
+OperatorCandidate map_op(int64_t slices, int k, double err) { return asap_test::asap_op(slices, true, k, err); }
 
 // One synthetic layer: the teacher (T = 6), Sinkhorn T' = 1..5, ASAP maps;
 // `lat` holds the latency of every key.

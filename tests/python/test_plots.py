@@ -1,9 +1,10 @@
 """The plots of docs/results.md (tools/train/evaluate.py): every point of the data
 is drawn inside its axes, on synthetic results with values far outside the
-usual ranges (issue 28, item 8).
+usual ranges (issue 28, item 8); and the model's speed-up target (issue 25).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_plots.py [-k SUBSTRING]
 """
+import json
 import math
 import os
 import shutil
@@ -130,6 +131,42 @@ def figures_are_written_as_png():
     untimed = dict(CURVE, points=[p for p in CURVE["points"] if not (p["min_speedup"] or 0) > 0 or
                                   math.isnan(p["min_speedup"])], sinkhorn=[])
     assert ev.speedup_figure(result(curve=untimed)) is None  # nothing timed: no plot
+
+
+@test
+def the_model_target_is_the_sum_of_the_layers_latencies():
+    """docs/results.md's speed target is the model's: the teachers' summed
+    latency over the default operators' (issue 25), from verify's JSON."""
+    ev = evaluate()
+
+    def op(kind, steps, lat, err, default=False):
+        return {"kind": kind, "steps": steps, "lse_passes": steps, "default": default, "teacher_ending": True,
+                "latency_s": lat, "metrics": {"attention_rel_error": err}}
+
+    def verify_json(rows):
+        layers = [{"name": n, "T": 6, "default_closures": 2, "fit": {}, "default_operator": "asap", "examples": 8,
+                   "operators": [op("teacher", 6, t, 0.0), op("asap", 2, d, 0.1, True),
+                                 op("sinkhorn", 4, 0.9 * t, 0.2)]} for n, t, d in rows]
+        path = os.path.join(TMP, "verify-%d.json" % len(os.listdir(TMP)))
+        with open(path, "w") as f:
+            json.dump({"data": "x.h5", "layers": layers}, f)
+        return ev.verify_layers(path)
+
+    def lines(ver):
+        r = {"family": "vit", "test_examples": 100, "verify": ver, "curve": None,
+             "variants": [{"kind": "teacher", "accuracy": 98.0, "passes": "6"},
+                          {"kind": "compiled", "default": True, "accuracy": 98.0, "agreement": 99.5, "agree": 99,
+                           "passes": "4"}]}
+        return "\n".join(ev.targets(r)[2])
+
+    # a: 4 s against 2 s (2x); b: 6 s against 5.5 s (1.09x); the model: 10 s against 7.5 s.
+    ver = verify_json([("a", 4.0, 2.0), ("b", 6.0, 5.5)])
+    assert abs(ver["model_speedup"] - 10.0 / 7.5) < 1e-12, ver["model_speedup"]
+    text = lines(ver)
+    assert "the model at least 1.25x faster than the teachers" in text and "**met** (1.33x; per layer 2.00x, 1.09x)" \
+        in text, text
+    slow = lines(verify_json([("a", 4.0, 3.5), ("b", 6.0, 5.5)]))  # 10 s against 9 s: 1.11x
+    assert "**missed** (1.11x;" in slow, slow
 
 
 if __name__ == "__main__":
