@@ -135,16 +135,57 @@ TEST_CASE("fast: all_finite finds one NaN or infinity anywhere, on every instruc
   CHECK_FALSE(asap::fast::all_finite(q.transpose(0, 1)));  // not contiguous: the ATen path
 }
 
+TEST_CASE("fast: map_tail is the slice-free map's dual and centered phi on every instruction set") {
+  // x = ca alpha + b1 f1 + b3 f3, f = (x - alpha) / eps, phi = x - mean(x):
+  // a lane block, the tail or a dropped term would change f or phi.
+  for (const auto& isa : asap::fast::available_isas()) {
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t).f64;
+    for (int64_t n : {1, 5, 16, 17, 33}) {
+      for (int terms = 0; terms < 4; ++terms) {
+        CAPTURE(isa);
+        CAPTURE(n);
+        CAPTURE(terms);
+        std::vector<double> alpha(n), f1(n), f3(n), x(n), phi(n), f(n), f_only(n);
+        for (int64_t i = 0; i < n; ++i) {
+          alpha[i] = 0.5 + 0.25 * static_cast<double>((i * 7) % 11);
+          f1[i] = -1.0 + 0.125 * static_cast<double>((i * 5) % 13);
+          f3[i] = 2.0 - 0.375 * static_cast<double>((i * 3) % 7);
+        }
+        const double* p1 = (terms & 1) ? f1.data() : nullptr;
+        const double* p3 = (terms & 2) ? f3.data() : nullptr;
+        const double ca = 0.75, b1 = -0.5, b3 = 1.25, inv_eps = 2.0;
+        K.map_tail(n, alpha.data(), p1, p3, ca, b1, b3, inv_eps, x.data(), phi.data(), f.data());
+        K.map_tail(n, alpha.data(), p1, p3, ca, b1, b3, inv_eps, x.data(), nullptr, f_only.data());
+        std::vector<double> want(n);
+        double mean = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          want[i] = ca * alpha[i] + (p1 ? b1 * f1[i] : 0.0) + (p3 ? b3 * f3[i] : 0.0);
+          mean += want[i] / static_cast<double>(n);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          CHECK(f[i] == doctest::Approx((want[i] - alpha[i]) * inv_eps).epsilon(1e-12));
+          CHECK(f_only[i] == f[i]);  // the dual does not depend on whether phi is asked for
+          CHECK(phi[i] == doctest::Approx(want[i] - mean).epsilon(1e-12).scale(1.0));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every instruction set") {
-  // Rows in blocks of the float64 vector width share one joint reduction
-  // (lane i = row i): a wrong shuffle would swap or mix rows.
+  // Rows in blocks of the float64 vector width (and, for float32 with d a
+  // multiple of the float32 width up to 4 vectors, of the float32 width)
+  // share one joint reduction (lane i = row i): a wrong shuffle or a wrong
+  // row order would swap or mix rows.
   at::manual_seed(5);
   for (const auto& isa : asap::fast::available_isas()) {
     asap::fast::Tuning t;
     t.isa = isa;
     const auto& K = asap::fast::detail::kernels_for(t);
     for (int64_t d : {1, 2, 7, 8, 16, 17, 64}) {
-      for (int64_t count : {1, 3, 8, 9, 17, 19}) {
+      for (int64_t count : {1, 3, 8, 9, 17, 19, 33}) {
         CAPTURE(isa);
         CAPTURE(d);
         CAPTURE(count);
@@ -168,6 +209,23 @@ TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every inst
           double e32 = 0;  // from the float32 inputs
           for (int64_t c = 0; c < d; ++c) e32 += double(q32[rows[r]][c].item<float>()) * q32[rows[r]][c].item<float>();
           CHECK(std::abs(o32[r] - 0.15 * e32) <= 1e-6 * 0.15 * e32);
+        }
+        // rows == nullptr: the first `count` rows, contiguous (every head of
+        // an unmasked batch in one call), the same values as listing them.
+        std::vector<int64_t> first(count);
+        std::iota(first.begin(), first.end(), int64_t(0));
+        std::vector<double> c64(count), l64(count);
+        K.f64.row_sqnorm(count, nullptr, q64.data_ptr<double>(), d, 0.15, c64.data());
+        K.f64.row_sqnorm(count, first.data(), q64.data_ptr<double>(), d, 0.15, l64.data());
+        std::vector<float> c32(count), l32(count);
+        K.f32.row_sqnorm(count, nullptr, q32.data_ptr<float>(), d, 0.15f, c32.data());
+        K.f32.row_sqnorm(count, first.data(), q32.data_ptr<float>(), d, 0.15f, l32.data());
+        CHECK(c64 == l64);
+        CHECK(c32 == l32);
+        for (int64_t r = 0; r < count; ++r) {
+          double e = 0;
+          for (int64_t c = 0; c < d; ++c) e += q64[r][c].item<double>() * q64[r][c].item<double>();
+          CHECK(std::abs(c64[r] - 0.15 * e) <= 1e-13 * 0.15 * e);
         }
       }
     }

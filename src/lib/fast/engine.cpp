@@ -219,7 +219,9 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
   T* lse = lse_.data();
   T* z = z_.data();
   T* rs = rs_.data();
-  const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
+  // Only the final pass scales by the mass (an exp per pass was 1% of a
+  // feature pass at n = 17, where log_mult = 0 misses exp's fast path).
+  const double row_mass = final ? std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_)) : 0.0;
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
     int64_t ld;
@@ -246,7 +248,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   T* cmax = cmax_.data();
   T* csum = csum_.data();
   T* cs = cs_.data();
-  const double col_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_b_));
+  const double col_mass = final ? std::exp(static_cast<double>(log_mult) + static_cast<double>(log_b_)) : 0.0;
   // Column passes walk the tile in chunks of rows across the block's full
   // width: sweeping one narrow column strip down all rows touches a new page
   // per row and thrashes the TLB at large n (4x slower at n = 4096).
@@ -587,26 +589,11 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
   // phi_i = acc_i + x_i - shift - mean(x), x = ca alpha + b1 f1 + b3 f3.
   const double inv_eps = 1.0 / eps;
   if (fs.L == 0) {
-    // Slice-free maps (the common case at short lengths): in T, branch-free
-    // loops the compiler vectorises; the mean in float64.
-    const T tca = static_cast<T>(ca), tb1 = static_cast<T>(b1), tb3 = static_cast<T>(b3);
-    T* x = reinterpret_cast<T*>(acc);  // acc is free here: nR doubles hold nR values of T
-    const T* f1v = f1 ? f1 : alpha;    // with b1 = 0 when absent
-    const T* f3v = f3 ? f3 : alpha;
-    for (int64_t r = 0; r < nR_; ++r) x[r] = tca * alpha[r] + tb1 * f1v[r] + tb3 * f3v[r];
-    double part[4] = {0, 0, 0, 0};  // independent chains: one serial chain was most of this loop's time
-    int64_t r4 = 0;
-    for (; r4 + 4 <= nR_; r4 += 4)
-      for (int u = 0; u < 4; ++u) part[u] += static_cast<double>(x[r4 + u]);
-    for (; r4 < nR_; ++r4) part[0] += static_cast<double>(x[r4]);
-    const T mean = static_cast<T>(((part[0] + part[1]) + (part[2] + part[3])) / static_cast<double>(nR_));
-    const T tie = static_cast<T>(inv_eps);
-    if (phi) {
-      for (int64_t r = 0; r < nR_; ++r) phi[r] = x[r] - mean;
-      for (int64_t r = 0; r < nR_; ++r) f[r] = (phi[r] - alpha[r]) * tie;
-    } else {
-      for (int64_t r = 0; r < nR_; ++r) f[r] = (x[r] - mean - alpha[r]) * tie;
-    }
+    // Slice-free maps (the common case at short lengths): one vectorised
+    // kernel per instruction set, the mean in float64 (this file is built
+    // for the baseline instruction set: its loops were 2% of a 2-pass call).
+    kt_.map_tail(nR_, alpha, f1, f3, static_cast<T>(ca), static_cast<T>(b1), static_cast<T>(b3),
+                 static_cast<T>(inv_eps), reinterpret_cast<T*>(acc), phi, f);
   } else {
     double sum = 0;
     for (int64_t r = 0; r < nR_; ++r) {

@@ -57,9 +57,19 @@ struct KernelTable {
   void (*vexp)(int64_t n, const T* x, T* y);
   // out[i] += log(z[i]) for z[i] >= 1 (row and column sums), vectorised in float32.
   void (*add_log)(const T* z, T* out, int64_t count);
-  // out[r] = half_s * (sum_c x_c^2 in float64, rounded to T) for the rows
-  // x = q + rows[r] * d (the cost offsets alpha of asap-math.md).
+  // out[r] = half_s * sum_c x_c^2 for the rows x = q + rows[r] * d (the cost
+  // offsets alpha of asap-math.md): summed in float64 and rounded to T, or
+  // for float32 with d a multiple of width up to 4 * width, in float32 by
+  // blocks of width rows (a regrouping of the reference's float32 sum).
+  // rows == nullptr: the rows 0..count-1 of q.
   void (*row_sqnorm)(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out);
+  // The end of a slice-free map (Engine::asap_map): x = ca alpha + b1 f1 +
+  // b3 f3 (f1, f3 may be null: no term), f = (x - alpha) * inv_eps (the
+  // dual of the centered phi up to a constant that the closures cancel) and,
+  // when phi is given, phi = x - mean(x), the mean summed in float64. x is
+  // scratch of n elements.
+  void (*map_tail)(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T b3, T inv_eps, T* x, T* phi,
+                   T* f);
   // Whether every x[i], i < n, is finite (x * 0 is 0 for finite x, NaN
   // otherwise; independent vector accumulators).
   bool (*all_finite)(const T* x, int64_t n);

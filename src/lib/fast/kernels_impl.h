@@ -735,10 +735,87 @@ void add_log_t(const T* z, T* out, int64_t count) {
   add_log(z, out, count);
 }
 
+// Shuffle masks of lane_sums, built at compile time: round s (h = W / 2^(s+1))
+// adds lane j and lane j + h of the pair's first vector into lane j, and
+// lanes j - h and j of its second into lane j + h (j with bit h clear).
+template <class I, int W>
+struct LaneSumMasks {
+  static constexpr int kRounds = W == 2 ? 1 : W == 4 ? 2 : W == 8 ? 3 : W == 16 ? 4 : 5;
+  I lo[kRounds][W] = {}, hi[kRounds][W] = {};
+  constexpr LaneSumMasks() {
+    for (int s = 0; s < kRounds; ++s) {
+      const int h = W >> (s + 1);
+      for (int j = 0; j < W; ++j) {
+        lo[s][j] = static_cast<I>((j & h) ? W + (j - h) : j);
+        hi[s][j] = static_cast<I>((j & h) ? W + j : j + h);
+      }
+    }
+  }
+};
+
+constexpr int bit_reverse(int i, int bits) {
+  int r = 0;
+  for (int b = 0; b < bits; ++b) r |= ((i >> b) & 1) << (bits - 1 - b);
+  return r;
+}
+
+// The horizontal sums of W vectors in one vector: lane j is the sum of
+// a[bit_reverse(j)] (log2(W) rounds; W - 1 pairs of two-source shuffles and
+// an add, against a horizontal reduction per vector). a is overwritten.
+template <class V, class U, class I, int W>
+inline V lane_sums(V* a) {
+  static constexpr LaneSumMasks<I, W> kM{};
+#pragma GCC unroll 8
+  for (int s = 0; s < LaneSumMasks<I, W>::kRounds; ++s) {
+    const U lo = load<U>(kM.lo[s]), hi = load<U>(kM.hi[s]);
+    const int pairs = W >> (s + 1);
+#pragma GCC unroll 16
+    for (int i = 0; i < pairs; ++i)
+      a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi);
+  }
+  return a[0];
+}
+
+// float32 squared norms of W rows at once when d is a multiple of the vector
+// width W and at most 4 W: each row's squares summed lane-wise over its
+// d / W vectors, then lane_sums. That is the reference's own float32 sum,
+// regrouped (at most 3 + log2(W) rounded adds of positive terms: under 1e-6
+// relative); the float64 path below was 4% of a slice-free map's call at
+// n = 17. Returns the rows done.
+template <class T, class Row>
+int64_t row_sqnorm_f32_blocks(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
+  if constexpr (sizeof(T) != 4) {
+    return 0;
+  } else {
+    using V = typename Vec<T>::V;
+    using U = typename Vec<T>::U;
+    using I = typename Vec<T>::UE;
+    constexpr int W = Vec<T>::W;
+    constexpr int kBits = LaneSumMasks<I, W>::kRounds;
+    if (d % W != 0 || d > 4 * W) return 0;
+    int64_t r = 0;
+    for (; r + W <= count; r += W) {
+      V a[W];
+#pragma GCC unroll 32
+      for (int i = 0; i < W; ++i) {
+        const T* x = q + row(r + bit_reverse(i, kBits)) * d;
+        V acc = load<V>(x) * load<V>(x);
+        for (int64_t c = W; c < d; c += W) {
+          const V v = load<V>(x + c);
+          acc += v * v;
+        }
+        a[i] = acc;
+      }
+      store(out + r, lane_sums<V, U, I, W>(a) * half_s);
+    }
+    return r;
+  }
+}
+
 // Squared norms accumulated in float64 vectors (float32 inputs widened
 // lane-wise, products exact), one horizontal sum per row.
-template <class T>
-void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
+template <class T, class Row>
+void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
   typedef double D __attribute__((vector_size(ASAP_VBYTES)));
   constexpr int WD = ASAP_VBYTES / 8;
   auto row_acc = [&](const T* x) {
@@ -755,7 +832,7 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
     }
     return acc;
   };
-  int64_t r = 0;
+  int64_t r = row_sqnorm_f32_blocks(count, row, q, d, half_s, out);
   if (d % WD == 0) {
     // Blocks of WD rows: one accumulator per row, then one joint reduction
     // that leaves row i's sum in lane i (log2(WD) rounds of two shuffles and
@@ -763,7 +840,7 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
     // a sixth of a row pass at n = 17, d = 16.
     for (; r + WD <= count; r += WD) {
       D a[WD];
-      for (int i = 0; i < WD; ++i) a[i] = row_acc(q + rows[r + i] * d);
+      for (int i = 0; i < WD; ++i) a[i] = row_acc(q + row(r + i) * d);
       D sum;
       // (Preprocessor branches: shuffle indices are checked even in a
       // discarded `if constexpr` branch, D not being a dependent type.)
@@ -794,11 +871,69 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
     }
   }
   for (; r < count; ++r) {
-    const T* x = q + rows[r] * d;
+    const T* x = q + row(r) * d;
     double s = tree_reduce<double>(row_acc(x), false);
     for (int64_t c = d / WD * WD; c < d; ++c) s += static_cast<double>(x[c]) * static_cast<double>(x[c]);
     out[r] = half_s * static_cast<T>(s);
   }
+}
+
+// rows == nullptr: the rows 0..count-1 of q, contiguous (one call for every
+// head of an unmasked batch: no index loads, and one remainder per call
+// instead of one per head).
+template <class T>
+void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
+  if (rows)
+    row_sqnorm_t(
+        count, [rows](int64_t r) { return rows[r]; }, q, d, half_s, out);
+  else
+    row_sqnorm_t(
+        count, [](int64_t r) { return r; }, q, d, half_s, out);
+}
+
+template <class T>
+void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T b3, T inv_eps, T* x, T* phi, T* f) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  // f without centering: f shifted by a constant c gives g shifted by -c in
+  // the next closure, and every closure after and the plan exp(S' + f + g)
+  // are unchanged, so the mean (a float64 sum and a division on the head's
+  // critical path) is only paid when phi is returned, and the outputs are
+  // the same bits either way.
+  const V vca = splat<V>(ca), vb1 = splat<V>(b1), vb3 = splat<V>(b3), vie = splat<V>(inv_eps);
+  int64_t r = 0;
+  for (; r + W <= n; r += W) {
+    const V a = load<V>(alpha + r);
+    V xv = vca * a;
+    if (f1) xv += vb1 * load<V>(f1 + r);
+    if (f3) xv += vb3 * load<V>(f3 + r);
+    store(x + r, xv);
+    store(f + r, (xv - a) * vie);
+  }
+  for (; r < n; ++r) {
+    T xs = ca * alpha[r];
+    if (f1) xs += b1 * f1[r];
+    if (f3) xs += b3 * f3[r];
+    x[r] = xs;
+    f[r] = (xs - alpha[r]) * inv_eps;
+  }
+  if (!phi) return;
+  typedef double D __attribute__((vector_size(ASAP_VBYTES)));
+  D acc = D{};
+  r = 0;
+  for (; r + W <= n; r += W) {
+    if constexpr (sizeof(T) == 4) {
+      typedef float H __attribute__((vector_size(ASAP_VBYTES / 2)));
+      acc += __builtin_convertvector(load<H>(x + r), D) + __builtin_convertvector(load<H>(x + r + W / 2), D);
+    } else {
+      acc += load<V>(x + r);
+    }
+  }
+  double sum = tree_reduce<double>(acc, false);
+  for (; r < n; ++r) sum += static_cast<double>(x[r]);
+  const T mean = static_cast<T>(sum / static_cast<double>(n));
+  for (r = 0; r + W <= n; r += W) store(phi + r, load<V>(x + r) - splat<V>(mean));
+  for (; r < n; ++r) phi[r] = x[r] - mean;
 }
 
 template <class T>
@@ -842,9 +977,9 @@ T peak_fma(int64_t iters, T seed) {
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
   return detail::KernelTable<T>{
-      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,      &pack_b<T>,  &gemm_nt<T>,
-      &gemm_nn<T>,   &row_lse<T>,   &col_lse_chunk<T>,      &col_max<T>,    &col_exp<T>, &plan<T>,
-      &vexp<T>,      &add_log_t<T>, &row_sqnorm<T>,         &all_finite<T>, &peak_fma<T>};
+      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,    &pack_b<T>,     &gemm_nt<T>,
+      &gemm_nn<T>,   &row_lse<T>,   &col_lse_chunk<T>,      &col_max<T>,  &col_exp<T>,    &plan<T>,
+      &vexp<T>,      &add_log_t<T>, &row_sqnorm<T>,         &map_tail<T>, &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
