@@ -321,14 +321,27 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
 #pragma GCC unroll 32
         for (int t = 0; t < W; ++t) store(o + (k + t) * NR + jj, r[t] * alpha);
       }
-    // The edges, zero past N: at n = 17 the padding after the column past the
-    // block was 16 x 15 scalar stores, most of a head's packing.
-    for (int64_t k = 0; k < K; ++k) {
+    // The last partial block of columns over the full blocks of K: the same
+    // transpose with zero vectors for the keys past N, so that every panel
+    // vector is written by one vector store (a vector store of zeros with
+    // scalar stores over it, read at once by gemm_nt, cost a store-forwarding
+    // stall per panel row at n = 17).
+    if (cols > cfull)
+      for (int64_t k = 0; k < kfull; k += W) {
+        V r[W];
+#pragma GCC unroll 32
+        for (int t = 0; t < W; ++t) r[t] = cfull + t < cols ? load<V>(B + (j0 + cfull + t) * ldb + k) : V{};
+        transpose_block<T>(r);
+#pragma GCC unroll 32
+        for (int t = 0; t < W; ++t) store(o + (k + t) * NR + cfull, r[t] * alpha);
+      }
+    // The K edge (d not a multiple of the width), zero past N.
+    for (int64_t k = kfull; k < K; ++k) {
       T* ok = o + k * NR;
       const T* bk = B + j0 * ldb + k;
       // (Zeros by vector, then the values over them: a vector assembled on the
       // stack from scalar stores and loaded back stalled on store forwarding.)
-      for (int64_t jv = k < kfull ? cfull : 0; jv < wcols; jv += W) {
+      for (int64_t jv = 0; jv < wcols; jv += W) {
         store(ok + jv, V{});
         const int64_t e = std::min<int64_t>(W, cols - jv);
         for (int64_t t = 0; t < e; ++t) ok[jv + t] = alpha * bk[(jv + t) * ldb];
