@@ -258,9 +258,12 @@ inline T hmax(typename Vec<T>::V v) {
 // Shuffle masks of transpose_block, built at compile time: round s (h = 2^s)
 // takes lane j of the new row i from row i ("lo", bit h of i clear) or row
 // i | h ("hi"); indices >= W pick from the second operand.
+// log2 of a vector width (1 for a single lane: one round that does nothing).
+constexpr int log2_width(int W) { return W <= 2 ? 1 : 1 + log2_width(W / 2); }
+
 template <class I, int W>
 struct TransposeMasks {
-  static constexpr int kRounds = W == 2 ? 1 : W == 4 ? 2 : W == 8 ? 3 : W == 16 ? 4 : 5;
+  static constexpr int kRounds = log2_width(W);
   I lo[kRounds][W] = {}, hi[kRounds][W] = {};
   constexpr TransposeMasks() {
     for (int s = 0; s < kRounds; ++s) {
@@ -756,7 +759,7 @@ void add_log_t(const T* z, T* out, int64_t count) {
 // lanes j - h and j of its second into lane j + h (j with bit h clear).
 template <class I, int W>
 struct LaneSumMasks {
-  static constexpr int kRounds = W == 2 ? 1 : W == 4 ? 2 : W == 8 ? 3 : W == 16 ? 4 : 5;
+  static constexpr int kRounds = log2_width(W);
   I lo[kRounds][W] = {}, hi[kRounds][W] = {};
   constexpr LaneSumMasks() {
     for (int s = 0; s < kRounds; ++s) {
@@ -832,8 +835,9 @@ int64_t row_sqnorm_f32_blocks(int64_t count, const Row& row, const T* q, int64_t
 // lane-wise, products exact), one horizontal sum per row.
 template <class T, class Row>
 void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
-  typedef double D __attribute__((vector_size(ASAP_VBYTES)));
-  constexpr int WD = ASAP_VBYTES / 8;
+  using D = Vec<double>::V;
+  constexpr int WD = Vec<double>::W;
+  constexpr int kBitsD = log2_width(WD);
   auto row_acc = [&](const T* x) {
     D acc = D{};
     for (int64_t c = 0; c + WD <= d; c += WD) {
@@ -850,39 +854,13 @@ void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s
   };
   int64_t r = row_sqnorm_f32_blocks(count, row, q, d, half_s, out);
   if (d % WD == 0) {
-    // Blocks of WD rows: one accumulator per row, then one joint reduction
-    // that leaves row i's sum in lane i (log2(WD) rounds of two shuffles and
-    // an add per pair) instead of a horizontal reduction per row, which was
-    // a sixth of a row pass at n = 17, d = 16.
+    // Blocks of WD rows: one accumulator per row, then lane_sums, which
+    // leaves row i's sum in lane i, instead of a horizontal reduction per
+    // row, which was a sixth of a row pass at n = 17, d = 16.
     for (; r + WD <= count; r += WD) {
       D a[WD];
-      for (int i = 0; i < WD; ++i) a[i] = row_acc(q + row(r + i) * d);
-      D sum;
-      // (Preprocessor branches: shuffle indices are checked even in a
-      // discarded `if constexpr` branch, D not being a dependent type.)
-#if ASAP_VBYTES == 64
-      D p[4], u[2];
-      for (int i = 0; i < 4; ++i)
-        p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-      for (int i = 0; i < 2; ++i)
-        u[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-               __builtin_shufflevector(p[2 * i], p[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-      const D w = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +
-                  __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
-      sum = __builtin_shufflevector(w, w, 0, 4, 2, 6, 1, 5, 3, 7);
-#elif ASAP_VBYTES == 32
-      D p[2];
-      for (int i = 0; i < 2; ++i)
-        p[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5) +
-               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7);
-      const D w = __builtin_shufflevector(p[0], p[1], 0, 4, 2, 6) + __builtin_shufflevector(p[0], p[1], 1, 5, 3, 7);
-      sum = __builtin_shufflevector(w, w, 0, 2, 1, 3);
-#elif ASAP_VBYTES == 16
-      sum = __builtin_shufflevector(a[0], a[1], 0, 2) + __builtin_shufflevector(a[0], a[1], 1, 3);
-#else
-      sum = a[0];
-#endif
+      for (int i = 0; i < WD; ++i) a[i] = row_acc(q + row(r + bit_reverse(i, kBitsD)) * d);
+      const D sum = lane_sums<D, Vec<double>::U, Vec<double>::UE, WD>(a);
       for (int i = 0; i < WD; ++i) out[r + i] = half_s * static_cast<T>(sum[i]);
     }
   }
