@@ -281,6 +281,57 @@ TEST_CASE("sort network: features equal the scalar sorts and the reference (dtyp
   }
 }
 
+TEST_CASE("sort network: float32 blocks of 2-32 keys (swaps recorded, then undone) give the scalar sorts' bits") {
+  // For m <= 32 float32 keys the network sorts the keys alone, records its
+  // swaps and carries the potentials back by undoing them (sort_impl.h,
+  // slice_block_recorded); m = 33 takes the (key, position) words. Every m,
+  // keys consecutive (no mask), consecutive with padded queries after or
+  // before them, and with a hole (masked key in the middle), on integer
+  // data with exact ties; the columns must be the scalar sorts' bit for bit.
+  at::manual_seed(29);
+  const int64_t d = 4;
+  auto axes = at::zeros({d, 16}, at::kDouble);
+  for (int64_t l = 0; l < 16; ++l) axes[l % d][l] = 1.0;
+  asap::FeatureFamily fam;
+  fam.slices = 16;
+  int failures = 0, cases = 0;
+  for (int64_t m = 2; m <= 33; ++m) {
+    // No mask; 3 padded rows after the keys; one before them; a hole.
+    for (int layout : {0, 1, 2, 3}) {
+      const int64_t n = layout == 0 ? m : m + (layout == 1 ? 3 : 1);
+      at::Tensor mask;
+      if (layout == 1) mask = at::arange(n).lt(m).unsqueeze(0);
+      if (layout == 2) mask = at::arange(n).ge(1).unsqueeze(0);
+      if (layout == 3) mask = at::arange(n).ne(n / 2).unsqueeze(0);
+      for (int tie : {0, 1}) {
+        auto q = at::randn({1, 1, n, d}), k = at::randn({1, 1, n, d});
+        if (tie) q = at::round(q * 2), k = at::round(k * 2);
+        auto theta = tie ? axes : asap::make_slice_bank(d, 16, 8);
+        for (const auto& cfg : configs()) {
+          Threads th(cfg.threads);
+          at::Tensor net, scal;
+          {
+            ForcePath f(fd::SortPath::kNetwork);
+            net = asap::fast::build_features(q, k, mask, false, theta, fam, 0.5, 0.8, cfg.tuning);
+          }
+          {
+            ForcePath f(fd::SortPath::kScalar);
+            scal = asap::fast::build_features(q, k, mask, false, theta, fam, 0.5, 0.8, cfg.tuning);
+          }
+          ++cases;
+          if (!at::equal(net, scal)) {
+            ++failures;
+            MESSAGE("m = " << m << ", layout " << layout << ", tie " << tie << ", " << cfg.name
+                           << ": largest difference " << (net - scal).abs().max().item<float>());
+          }
+        }
+      }
+    }
+  }
+  CHECK(cases > 0);
+  CHECK(failures == 0);
+}
+
 TEST_CASE("sort network: the compiled operator with the network equals the reference (phi_hat, outputs)") {
   at::manual_seed(91);
   const int64_t B = 2, H = 3, d = 8;

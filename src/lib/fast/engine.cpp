@@ -425,7 +425,12 @@ void Engine<T>::slice_columns(const FeatureSpec<T>& fs, const double* beta, T* p
   }
   if (fs.L <= 0) return;
   const SortPath sp = sort_path();
-  if (sp == SortPath::kNetwork || (sp == SortPath::kAuto && use_network(kt_.isa, sizeof(T) == 8, fs.L, nJ_))) {
+  if (sp == SortPath::kAuto && (fs.L != use_net_L_ || nJ_ != use_net_m_)) {
+    use_net_ = use_network(kt_.isa, sizeof(T) == 8, fs.L, nJ_);
+    use_net_L_ = fs.L;
+    use_net_m_ = nJ_;
+  }
+  if (sp == SortPath::kNetwork || (sp == SortPath::kAuto && use_net_)) {
     // One slice per SIMD lane, sorting networks (sort_network.h), where they
     // win (use_network: short sequences everywhere, long ones too with
     // float32 on AVX2/AVX-512); the scalar sorts of sort.h otherwise.

@@ -34,6 +34,7 @@ typedef double D __attribute__((vector_size(VB)));
 typedef int32_t I32 __attribute__((vector_size(VB)));
 typedef int64_t I64 __attribute__((vector_size(VB)));
 typedef uint64_t U64 __attribute__((vector_size(VB)));
+typedef uint32_t U32 __attribute__((vector_size(VB)));
 typedef float Fh __attribute__((vector_size(VB / 2)));
 typedef int32_t I32h __attribute__((vector_size(VB / 2)));
 constexpr int W32 = VB / 4, W64 = VB / 8;
@@ -67,19 +68,26 @@ inline F key_value(I32 s) { return bits_as<F>(s ^ ((s >> 31) & 0x7FFFFFFF)); }
 inline D key_value(I64 s) { return bits_as<D>(s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFFll)); }
 
 // The two halves of a vector of 32-bit elements, widened to 64-bit elements.
+// By shuffles: through memory (__builtin_memcpy of each half), GCC stored the
+// whole vector and reloaded its halves, and the upper half's load waited on
+// a failed store-to-load forwarding.
+template <class H, class V, size_t... I>
+inline H lower_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, I...);
+}
+template <class H, class V, size_t... I>
+inline H upper_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
 inline void halves(I32 s, I64& lo, I64& hi) {
-  I32h a, b;
-  __builtin_memcpy(&a, &s, VB / 2);
-  __builtin_memcpy(&b, reinterpret_cast<const char*>(&s) + VB / 2, VB / 2);
-  lo = __builtin_convertvector(a, I64);
-  hi = __builtin_convertvector(b, I64);
+  constexpr auto idx = std::make_index_sequence<W32 / 2>{};
+  lo = __builtin_convertvector(lower_half<I32h>(s, idx), I64);
+  hi = __builtin_convertvector(upper_half<I32h>(s, idx), I64);
 }
 inline void halves(F s, D& lo, D& hi) {
-  Fh a, b;
-  __builtin_memcpy(&a, &s, VB / 2);
-  __builtin_memcpy(&b, reinterpret_cast<const char*>(&s) + VB / 2, VB / 2);
-  lo = __builtin_convertvector(a, D);
-  hi = __builtin_convertvector(b, D);
+  constexpr auto idx = std::make_index_sequence<W32 / 2>{};
+  lo = __builtin_convertvector(lower_half<Fh>(s, idx), D);
+  hi = __builtin_convertvector(upper_half<Fh>(s, idx), D);
 }
 
 // float32 query words: key in the upper half, position in the lower one.
@@ -370,13 +378,27 @@ inline void project_tile(int64_t d, const T* A, int64_t lda, const T* thT, int64
     for (int v = 0; v < NV; ++v) store(out + r * Lp + v * W, acc[r][v]);
 }
 
+template <class T, int NV, int MR = 1>
+inline void project_rows(int64_t mr, int64_t d, const T* A, int64_t lda, const T* thT, int64_t Lp, T* out) {
+  if constexpr (MR < 8) {
+    if (mr != MR) return project_rows<T, NV, MR + 1>(mr, d, A, lda, thT, Lp, out);
+  }
+  project_tile<T, MR, NV>(d, A, lda, thT, Lp, out);
+}
+
 template <class T, int NV>
 inline void project_cols(int64_t rows, int64_t d, const T* A, int64_t lda, const T* thT, int64_t Lp, T* out) {
-  // Enough independent accumulators to hide the FMA latency.
+  // Enough independent accumulators to hide the FMA latency: tiles of at
+  // most MR rows, as even as they can be (17 rows as 6 + 6 + 5: as 8 + 8 + 1,
+  // the last row was one chain of d dependent multiply-adds).
   constexpr int MR = NV <= 2 ? 8 : 4;
+  const int64_t tiles = (rows + MR - 1) / MR;
   int64_t i = 0;
-  for (; i + MR <= rows; i += MR) project_tile<T, MR, NV>(d, A + i * lda, lda, thT, Lp, out + i * Lp);
-  for (; i < rows; ++i) project_tile<T, 1, NV>(d, A + i * lda, lda, thT, Lp, out + i * Lp);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t mr = rows / tiles + (t < rows % tiles ? 1 : 0);
+    project_rows<T, NV>(mr, d, A + i * lda, lda, thT, Lp, out + i * Lp);
+    i += mr;
+  }
 }
 
 // Same accumulation order as the kernels' gemm_nt (k ascending, one fused
@@ -466,31 +488,14 @@ inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS
   for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
 }
 
+// The block's columns once COL holds the key rows' potentials (lane l at
+// COL + l * ldc) and `sums` their per-lane sums: the rows that are not keys
+// (the potential extended by its outer rays, from the sorted values XS, YS
+// and U), then the centering over R and the output.
 template <class T>
-void slice_block(const detail::SliceBlock<T>& b) {
-  typedef Rows<T, true, true> R;
-  const int64_t m = b.m, nR = b.nR, ldc = (nR + 7) / 8 * 8;
-  Arena ar{static_cast<char*>(b.work)};
-  char* w = ar.take<char>(m * R::bytes);
-  T* COL = ar.take<T>(LB * ldc);  // the columns, lane l at COL + l * ldc
-  for (int64_t r = 0; r < m; ++r) {
-    put_q(w + r * R::bytes, b.XT + static_cast<int64_t>(b.kir[r]) * b.ld, b.kir[r]);
-    put_k(w + r * R::bytes + R::koff, b.YT + r * b.ld);
-  }
-  if (!network_in_registers<T, true, true>(w, m)) network<T, true, true>(w, b.comps, b.n_comps);
-  double *XS = nullptr, *YS = nullptr, *U = nullptr;
-  // Per lane, the sum over R of the column as stored (rounded to T), for
-  // the centering: the key rows' in one vector sweep with the potentials
-  // (a sum per lane over its strided column was a serial chain per lane).
-  alignas(64) double sums[LB];
-  if (b.n_extra > 0) {
-    XS = ar.take<double>(m * LB);
-    YS = ar.take<double>(m * LB);
-    U = ar.take<double>(m * LB);
-    potentials<T, true>(m, w, COL, ldc, XS, YS, U, sums);
-  } else {
-    potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr, sums);
-  }
+void finish_block(const detail::SliceBlock<T>& b, T* COL, int64_t ldc, const double* XS, const double* YS,
+                  const double* U, double* sums) {
+  const int64_t m = b.m, nR = b.nR;
   // Rows that are not keys: the potential extended by its outer rays
   // (asap::detail::eval_potential).
   for (int64_t e = 0; e < b.n_extra; ++e) {
@@ -541,6 +546,213 @@ void slice_block(const detail::SliceBlock<T>& b) {
       for (; i < nR; ++i) o[i] = static_cast<T>(static_cast<double>(c[i]) - mean[l]);
     }
   }
+}
+
+// -------------------- float32 blocks of m <= 32 keys: swaps recorded, then undone ---
+//
+// The (key, position) words above cost the query network two vectors of
+// 64-bit words per row and the potentials a scatter of one scalar store
+// per lane and row. Here the query network sorts the 32-bit keys alone (one
+// vector per row, in registers) and records, per comparator, the lanes in
+// which it swapped. The potentials are computed in sorted order as above,
+// then carried back to the keys' own order by the same swaps in reverse
+// order, and transposed into the columns W32 rows at a time. Tied keys may
+// end in either order; they get the same potential bits (across a tie u
+// gains y * 0, and x is the same), so the columns are those of the
+// (key, position) sort.
+
+#if VB == 64 && (defined(__x86_64__) || defined(__i386__))
+typedef __mmask16 SwapMask;  // one bit per lane of a 16-lane key vector
+inline SwapMask swaps(I32 a, I32 b) { return _mm512_cmpgt_epi32_mask(bits_as<__m512i>(a), bits_as<__m512i>(b)); }
+inline void swap_where(SwapMask s, F& a, F& b) {
+  const __m512 x = bits_as<__m512>(a), y = bits_as<__m512>(b);
+  a = bits_as<F>(_mm512_mask_blend_ps(s, x, y));
+  b = bits_as<F>(_mm512_mask_blend_ps(s, y, x));
+}
+#else
+typedef I32 SwapMask;  // -1 in the lanes that swapped
+inline SwapMask swaps(I32 a, I32 b) { return a > b; }
+inline void swap_where(SwapMask s, F& a, F& b) {
+  const F x = a;
+  a = s ? b : a;
+  b = s ? x : b;
+}
+#endif
+
+template <int M>
+struct RecNet {
+  static constexpr int N = RegNet<M>::pairs.n;
+  template <size_t... I>
+  static void sort(I32* r, SwapMask* sw, std::index_sequence<I...>) {
+    ((sw[I] = swaps(r[RegNet<M>::pairs.lo[I]], r[RegNet<M>::pairs.hi[I]]),
+      cex_reg(r[RegNet<M>::pairs.lo[I]], r[RegNet<M>::pairs.hi[I]])),
+     ...);
+  }
+  template <size_t... I>
+  static void unsort(F* r, const SwapMask* sw, std::index_sequence<I...>) {
+    (swap_where(sw[N - 1 - I], r[RegNet<M>::pairs.lo[N - 1 - I]], r[RegNet<M>::pairs.hi[N - 1 - I]]), ...);
+  }
+};
+
+// Rows r[i] = p[i * ld] and back, i < M, expanded at compile time: as
+// loops over the contiguous rows of QS, KS and PH, GCC turned the stores of
+// a spilled r[] into one `rep movsq` (about 15% of the block at m = 17).
+template <class V, class P, size_t... I>
+inline void load_rows(V* r, const P* p, int64_t ld, std::index_sequence<I...>) {
+  ((r[I] = load<V>(p + static_cast<int64_t>(I) * ld)), ...);
+}
+template <class V, class P, size_t... I>
+inline void store_rows(P* p, int64_t ld, const V* r, std::index_sequence<I...>) {
+  (store(p + static_cast<int64_t>(I) * ld, r[I]), ...);
+}
+
+// Sorts the block's query keys (recording the swaps at sw, N per vector
+// column) and key keys into QS and KS, [M][LB] each.
+template <int M>
+void sort_recorded(const detail::SliceBlock<float>& b, int32_t* QS, int32_t* KS, SwapMask* sw) {
+  constexpr int N = RecNet<M>::N;
+  for (int v = 0; v < NV32; ++v) {
+    I32 r[M];
+    for (int i = 0; i < M; ++i) r[i] = skey(load<F>(b.XT + static_cast<int64_t>(b.kir[i]) * b.ld + v * W32));
+    RecNet<M>::sort(r, sw + v * N, std::make_index_sequence<N>{});
+    store_rows(QS + v * W32, LB, r, std::make_index_sequence<M>{});
+    load_rows(r, b.YT + v * W32, b.ld, std::make_index_sequence<M>{});
+    for (int i = 0; i < M; ++i) r[i] = skey(bits_as<F>(r[i]));
+    regnet_apply<I32, M>(r, std::make_index_sequence<N>{});
+    store_rows(KS + v * W32, LB, r, std::make_index_sequence<M>{});
+  }
+}
+
+// PH [M][LB], in sorted order per lane, back to the keys' order.
+template <int M>
+void unsort_recorded(float* PH, const SwapMask* sw) {
+  constexpr int N = RecNet<M>::N;
+  for (int v = 0; v < NV32; ++v) {
+    F r[M];
+    load_rows(r, PH + v * W32, LB, std::make_index_sequence<M>{});
+    RecNet<M>::unsort(r, sw + v * N, std::make_index_sequence<N>{});
+    store_rows(PH + v * W32, LB, r, std::make_index_sequence<M>{});
+  }
+}
+
+// fn(std::integral_constant<int, M>{}) for the run-time m in 2..kRegNetMax.
+template <int M = 2, class Fn>
+inline void with_m(int64_t m, Fn&& fn) {
+  if constexpr (M <= kRegNetMax) {
+    if (m == M) {
+      fn(std::integral_constant<int, M>{});
+      return;
+    }
+    with_m<M + 1>(m, fn);
+  }
+}
+
+// The potentials of the sorted rows QS, KS (as `potentials`), rounded to
+// float into PH [m][LB] in sorted order.
+template <bool Extra>
+inline void potentials_sorted(int64_t m, const int32_t* QS, const int32_t* KS, float* PH, double* XS, double* YS,
+                              double* U, double* sums) {
+  D u[NV64], xp[NV64], yp[NV64], sum[NV64];
+  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = sum[k] = D{};
+  for (int64_t r = 0; r < m; ++r) {
+    D x[NV64], y[NV64];
+    for (int j = 0; j < NV32; ++j) {
+      halves(key_value(load<I32>(QS + r * LB + j * W32)), x[2 * j], x[2 * j + 1]);
+      halves(key_value(load<I32>(KS + r * LB + j * W32)), y[2 * j], y[2 * j + 1]);
+    }
+    for (int k = 0; k < NV64; ++k) {
+      if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
+      if (Extra) {
+        store(XS + r * LB + k * W64, x[k]);
+        store(YS + r * LB + k * W64, y[k]);
+        store(U + r * LB + k * W64, u[k]);
+      }
+      const D p = 0.5 * x[k] * x[k] - u[k];
+      store_t(PH + r * LB + k * W64, p);
+      sum[k] += as_t<float>(p);
+      xp[k] = x[k];
+      yp[k] = y[k];
+    }
+  }
+  for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
+}
+
+// COL[l * ldc + kir[r]] = PH[r][l]: when the keys are consecutive rows of R
+// (no mask, or padding at one end), W32 rows at a time by an in-register
+// transpose; other rows one element at a time.
+inline void rows_to_columns(int64_t m, const int32_t* kir, const float* PH, float* COL, int64_t ldc) {
+  bool consecutive = true;
+  for (int64_t r = 1; r < m; ++r) consecutive = consecutive && kir[r] == kir[0] + r;
+  int64_t r0 = 0;
+  if (consecutive)
+    for (; r0 + W32 <= m; r0 += W32)
+      for (int v = 0; v < NV32; ++v) {
+        F t[W32];
+        for (int i = 0; i < W32; ++i) t[i] = load<F>(PH + (r0 + i) * LB + v * W32);
+        transpose_rows<F, U32, uint32_t, W32>(t);
+        for (int j = 0; j < W32; ++j) store(COL + (v * W32 + j) * ldc + kir[0] + r0, t[j]);
+      }
+  for (int64_t r = r0; r < m; ++r)
+    for (int l = 0; l < LB; ++l) COL[l * ldc + kir[r]] = PH[r * LB + l];
+}
+
+// slice_block for float32 and 2 <= m <= kRegNetMax.
+inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
+  const int64_t m = b.m, ldc = (b.nR + 7) / 8 * 8;
+  Arena ar{static_cast<char*>(b.work)};
+  int32_t* QS = ar.take<int32_t>(m * LB);
+  int32_t* KS = ar.take<int32_t>(m * LB);
+  float* PH = ar.take<float>(m * LB);
+  float* COL = ar.take<float>(LB * ldc);
+  SwapMask* sw = ar.take<SwapMask>(NV32 * kRegNetMaxComps);
+  with_m(m, [&](auto M) { sort_recorded<decltype(M)::value>(b, QS, KS, sw); });
+  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  alignas(64) double sums[LB];
+  if (b.n_extra > 0) {
+    XS = ar.take<double>(m * LB);
+    YS = ar.take<double>(m * LB);
+    U = ar.take<double>(m * LB);
+    potentials_sorted<true>(m, QS, KS, PH, XS, YS, U, sums);
+  } else {
+    potentials_sorted<false>(m, QS, KS, PH, nullptr, nullptr, nullptr, sums);
+  }
+  with_m(m, [&](auto M) { unsort_recorded<decltype(M)::value>(PH, sw); });
+  rows_to_columns(m, b.kir, PH, COL, ldc);
+  finish_block(b, COL, ldc, XS, YS, U, sums);
+}
+
+template <class T>
+void slice_block(const detail::SliceBlock<T>& b) {
+  if constexpr (sizeof(T) == 4) {
+    if (b.m >= 2 && b.m <= kRegNetMax) {
+      slice_block_recorded(b);
+      return;
+    }
+  }
+  typedef Rows<T, true, true> R;
+  const int64_t m = b.m, ldc = (b.nR + 7) / 8 * 8;
+  Arena ar{static_cast<char*>(b.work)};
+  char* w = ar.take<char>(m * R::bytes);
+  T* COL = ar.take<T>(LB * ldc);  // the columns, lane l at COL + l * ldc
+  for (int64_t r = 0; r < m; ++r) {
+    put_q(w + r * R::bytes, b.XT + static_cast<int64_t>(b.kir[r]) * b.ld, b.kir[r]);
+    put_k(w + r * R::bytes + R::koff, b.YT + r * b.ld);
+  }
+  if (!network_in_registers<T, true, true>(w, m)) network<T, true, true>(w, b.comps, b.n_comps);
+  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  // Per lane, the sum over R of the column as stored (rounded to T), for
+  // the centering: the key rows' in one vector sweep with the potentials
+  // (a sum per lane over its strided column was a serial chain per lane).
+  alignas(64) double sums[LB];
+  if (b.n_extra > 0) {
+    XS = ar.take<double>(m * LB);
+    YS = ar.take<double>(m * LB);
+    U = ar.take<double>(m * LB);
+    potentials<T, true>(m, w, COL, ldc, XS, YS, U, sums);
+  } else {
+    potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr, sums);
+  }
+  finish_block(b, COL, ldc, XS, YS, U, sums);
 }
 
 template <class T>

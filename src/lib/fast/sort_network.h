@@ -128,9 +128,11 @@ bool use_network(const char* isa, bool f64, int64_t L, int64_t m);
 inline size_t sortnet_work_bytes(int64_t m, int64_t nR) {
   // Per element of a lane: the query and key words (at most 24 bytes, float64),
   // for rows that are not keys the sorted values and u (24 bytes); per row of
-  // R the column values (float64); slack for alignment.
+  // R the column values (float64); the swaps that a network held in
+  // registers records (float32, m <= 32: at most 191 comparators, 4 bytes a
+  // lane); slack for alignment.
   const size_t per = static_cast<size_t>(kSortLanes);
-  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 + 16 * 64;
+  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 + 191 * per * 4 + 16 * 64;
 }
 
 }  // namespace detail
