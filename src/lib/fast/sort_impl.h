@@ -561,7 +561,7 @@ void finish_block(const detail::SliceBlock<T>& b, T* COL, int64_t ldc, const dou
 // gains y * 0, and x is the same), so the columns are those of the
 // (key, position) sort.
 
-#if VB == 64 && (defined(__x86_64__) || defined(__i386__))
+#if ASAP_VBYTES == 64 && (defined(__x86_64__) || defined(__i386__))
 typedef __mmask16 SwapMask;  // one bit per lane of a 16-lane key vector
 inline SwapMask swaps(I32 a, I32 b) { return _mm512_cmpgt_epi32_mask(bits_as<__m512i>(a), bits_as<__m512i>(b)); }
 inline void swap_where(SwapMask s, F& a, F& b) {
