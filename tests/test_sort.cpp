@@ -281,10 +281,11 @@ TEST_CASE("sort network: features equal the scalar sorts and the reference (dtyp
   }
 }
 
-TEST_CASE("sort network: float32 blocks of 2-32 keys (swaps recorded, then undone) give the scalar sorts' bits") {
-  // For m <= 32 float32 keys the network sorts the keys alone, records its
+TEST_CASE("sort network: float32 blocks of 2-64 keys (swaps recorded, then undone) give the scalar sorts' bits") {
+  // For m <= 64 float32 keys the network sorts the keys alone, records its
   // swaps and carries the potentials back by undoing them (sort_impl.h,
-  // slice_block_recorded); m = 33 takes the (key, position) words. Every m,
+  // slice_block_recorded; m > 32 as two halves and their merge); m = 65
+  // takes the (key, position) words. Every m,
   // keys consecutive (no mask), consecutive with padded queries after or
   // before them, and with a hole (masked key in the middle), on integer
   // data with exact ties; the columns must be the scalar sorts' bit for bit.
@@ -295,7 +296,7 @@ TEST_CASE("sort network: float32 blocks of 2-32 keys (swaps recorded, then undon
   asap::FeatureFamily fam;
   fam.slices = 16;
   int failures = 0, cases = 0;
-  for (int64_t m = 2; m <= 33; ++m) {
+  for (int64_t m = 2; m <= 65; ++m) {
     // No mask; 3 padded rows after the keys; one before them; a hole.
     for (int layout : {0, 1, 2, 3}) {
       const int64_t n = layout == 0 ? m : m + (layout == 1 ? 3 : 1);

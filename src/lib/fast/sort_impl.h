@@ -548,18 +548,19 @@ void finish_block(const detail::SliceBlock<T>& b, T* COL, int64_t ldc, const dou
   }
 }
 
-// -------------------- float32 blocks of m <= 32 keys: swaps recorded, then undone ---
+// ---------------- float32 blocks of m <= 64 keys: swaps recorded, then undone ---
 //
 // The (key, position) words above cost the query network two vectors of
 // 64-bit words per row and the potentials a scatter of one scalar store
 // per lane and row. Here the query network sorts the 32-bit keys alone (one
-// vector per row, in registers) and records, per comparator, the lanes in
-// which it swapped. The potentials are computed in sorted order as above,
-// then carried back to the keys' own order by the same swaps in reverse
-// order, and transposed into the columns W32 rows at a time. Tied keys may
-// end in either order; they get the same potential bits (across a tie u
-// gains y * 0, and x is the same), so the columns are those of the
-// (key, position) sort.
+// vector per row) and records, per comparator, the lanes in which it
+// swapped: up to 32 keys in registers; up to 64 as two halves in registers
+// and their odd-even merge in memory. The potentials are computed in sorted
+// order as above, then carried back to the keys' own order by the same
+// swaps in reverse order, and transposed into the columns W32 rows at a
+// time. Tied keys may end in either order; they get the same potential bits
+// (across a tie u gains y * 0, and x is the same), so the columns are those
+// of the (key, position) sort.
 
 #if ASAP_VBYTES == 64 && (defined(__x86_64__) || defined(__i386__))
 typedef __mmask16 SwapMask;  // one bit per lane of a 16-lane key vector
@@ -606,17 +607,19 @@ inline void store_rows(P* p, int64_t ld, const V* r, std::index_sequence<I...>) 
   (store(p + static_cast<int64_t>(I) * ld, r[I]), ...);
 }
 
-// Sorts the block's query keys (recording the swaps at sw, N per vector
-// column) and key keys into QS and KS, [M][LB] each.
+// Sorts M rows of query keys (the rows kir[i] of XT; recording the swaps at
+// sw, N per vector column) and of key keys (rows i of YT) into QS and KS,
+// [M][LB] each.
 template <int M>
-void sort_recorded(const detail::SliceBlock<float>& b, int32_t* QS, int32_t* KS, SwapMask* sw) {
+void sort_recorded(const float* XT, int64_t ld, const int32_t* kir, const float* YT, int32_t* QS, int32_t* KS,
+                   SwapMask* sw) {
   constexpr int N = RecNet<M>::N;
   for (int v = 0; v < NV32; ++v) {
     I32 r[M];
-    for (int i = 0; i < M; ++i) r[i] = skey(load<F>(b.XT + static_cast<int64_t>(b.kir[i]) * b.ld + v * W32));
+    for (int i = 0; i < M; ++i) r[i] = skey(load<F>(XT + static_cast<int64_t>(kir[i]) * ld + v * W32));
     RecNet<M>::sort(r, sw + v * N, std::make_index_sequence<N>{});
     store_rows(QS + v * W32, LB, r, std::make_index_sequence<M>{});
-    load_rows(r, b.YT + v * W32, b.ld, std::make_index_sequence<M>{});
+    load_rows(r, YT + v * W32, ld, std::make_index_sequence<M>{});
     for (int i = 0; i < M; ++i) r[i] = skey(bits_as<F>(r[i]));
     regnet_apply<I32, M>(r, std::make_index_sequence<N>{});
     store_rows(KS + v * W32, LB, r, std::make_index_sequence<M>{});
@@ -635,8 +638,8 @@ void unsort_recorded(float* PH, const SwapMask* sw) {
   }
 }
 
-// fn(std::integral_constant<int, M>{}) for the run-time m in 2..kRegNetMax.
-template <int M = 2, class Fn>
+// fn(std::integral_constant<int, M>{}) for the run-time m in 1..kRegNetMax.
+template <int M = 1, class Fn>
 inline void with_m(int64_t m, Fn&& fn) {
   if constexpr (M <= kRegNetMax) {
     if (m == M) {
@@ -645,6 +648,67 @@ inline void with_m(int64_t m, Fn&& fn) {
     }
     with_m<M + 1>(m, fn);
   }
+}
+
+// The merge of the sorted halves [0, 32) and [32, m) of QS (recording its
+// swaps) and of KS: merge_network's comparators, on rows in memory.
+inline void merge_recorded(const int32_t* c, int64_t nc, int32_t* QS, int32_t* KS, SwapMask* sw) {
+  for (int64_t t = 0; t < nc; ++t) {
+    const int64_t i = c[2 * t] * int64_t{LB}, j = c[2 * t + 1] * int64_t{LB};
+    for (int v = 0; v < NV32; ++v) {
+      const I32 a = load<I32>(QS + i + v * W32), b = load<I32>(QS + j + v * W32);
+      sw[t * NV32 + v] = swaps(a, b);
+      store(QS + i + v * W32, vmin(a, b));
+      store(QS + j + v * W32, vmax(a, b));
+      const I32 x = load<I32>(KS + i + v * W32), y = load<I32>(KS + j + v * W32);
+      store(KS + i + v * W32, vmin(x, y));
+      store(KS + j + v * W32, vmax(x, y));
+    }
+  }
+}
+inline void unmerge_recorded(const int32_t* c, int64_t nc, float* PH, const SwapMask* sw) {
+  for (int64_t t = nc - 1; t >= 0; --t) {
+    const int64_t i = c[2 * t] * int64_t{LB}, j = c[2 * t + 1] * int64_t{LB};
+    for (int v = 0; v < NV32; ++v) {
+      F a = load<F>(PH + i + v * W32), b = load<F>(PH + j + v * W32);
+      swap_where(sw[t * NV32 + v], a, b);
+      store(PH + i + v * W32, a);
+      store(PH + j + v * W32, b);
+    }
+  }
+}
+
+// The recorded sort of a block's m <= 2 kRegNetMax keys: m <= 32 in
+// registers; otherwise the first 32 rows and the other m - 32 in registers,
+// then their merge in memory. Returns the swaps recorded (SwapMasks).
+inline int64_t sort_block_recorded(const detail::SliceBlock<float>& b, int32_t* QS, int32_t* KS, SwapMask* sw) {
+  const int64_t m = b.m, h = m <= kRegNetMax ? m : kRegNetMax;
+  int64_t used = 0;
+  with_m(h, [&](auto M) {
+    sort_recorded<decltype(M)::value>(b.XT, b.ld, b.kir, b.YT, QS, KS, sw);
+    used += NV32 * RecNet<decltype(M)::value>::N;
+  });
+  if (m == h) return used;
+  with_m(m - h, [&](auto M) {
+    sort_recorded<decltype(M)::value>(b.XT, b.ld, b.kir + h, b.YT + h * b.ld, QS + h * LB, KS + h * LB, sw + used);
+    used += NV32 * RecNet<decltype(M)::value>::N;
+  });
+  merge_recorded(b.merge, b.n_merge, QS, KS, sw + used);
+  return used + NV32 * b.n_merge;
+}
+
+// Undoes sort_block_recorded's swaps on PH [m][LB], in reverse order.
+inline void unsort_block_recorded(const detail::SliceBlock<float>& b, float* PH, const SwapMask* sw) {
+  const int64_t m = b.m, h = m <= kRegNetMax ? m : kRegNetMax;
+  int64_t used = 0;
+  with_m(h, [&](auto M) { used += NV32 * RecNet<decltype(M)::value>::N; });
+  if (m > h) {
+    int64_t second = 0;
+    with_m(m - h, [&](auto M) { second = NV32 * RecNet<decltype(M)::value>::N; });
+    unmerge_recorded(b.merge, b.n_merge, PH, sw + used + second);
+    with_m(m - h, [&](auto M) { unsort_recorded<decltype(M)::value>(PH + h * LB, sw + used); });
+  }
+  with_m(h, [&](auto M) { unsort_recorded<decltype(M)::value>(PH, sw); });
 }
 
 // The potentials of the sorted rows QS, KS (as `potentials`), rounded to
@@ -696,7 +760,7 @@ inline void rows_to_columns(int64_t m, const int32_t* kir, const float* PH, floa
     for (int l = 0; l < LB; ++l) COL[l * ldc + kir[r]] = PH[r * LB + l];
 }
 
-// slice_block for float32 and 2 <= m <= kRegNetMax.
+// slice_block for float32 and 2 <= m <= 2 kRegNetMax.
 inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
   const int64_t m = b.m, ldc = (b.nR + 7) / 8 * 8;
   Arena ar{static_cast<char*>(b.work)};
@@ -704,8 +768,8 @@ inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
   int32_t* KS = ar.take<int32_t>(m * LB);
   float* PH = ar.take<float>(m * LB);
   float* COL = ar.take<float>(LB * ldc);
-  SwapMask* sw = ar.take<SwapMask>(NV32 * kRegNetMaxComps);
-  with_m(m, [&](auto M) { sort_recorded<decltype(M)::value>(b, QS, KS, sw); });
+  SwapMask* sw = ar.take<SwapMask>(NV32 * (2 * kRegNetMaxComps + b.n_merge));
+  sort_block_recorded(b, QS, KS, sw);
   double *XS = nullptr, *YS = nullptr, *U = nullptr;
   alignas(64) double sums[LB];
   if (b.n_extra > 0) {
@@ -716,7 +780,7 @@ inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
   } else {
     potentials_sorted<false>(m, QS, KS, PH, nullptr, nullptr, nullptr, sums);
   }
-  with_m(m, [&](auto M) { unsort_recorded<decltype(M)::value>(PH, sw); });
+  unsort_block_recorded(b, PH, sw);
   rows_to_columns(m, b.kir, PH, COL, ldc);
   finish_block(b, COL, ldc, XS, YS, U, sums);
 }
@@ -724,7 +788,7 @@ inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
 template <class T>
 void slice_block(const detail::SliceBlock<T>& b) {
   if constexpr (sizeof(T) == 4) {
-    if (b.m >= 2 && b.m <= kRegNetMax) {
+    if (b.m >= 2 && b.m <= 2 * kRegNetMax) {
       slice_block_recorded(b);
       return;
     }
