@@ -71,6 +71,16 @@ inline D key_value(I64 s) { return bits_as<D>(s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFF
 // By shuffles: through memory (__builtin_memcpy of each half), GCC stored the
 // whole vector and reloaded its halves, and the upper half's load waited on
 // a failed store-to-load forwarding.
+// W64 floats widened to doubles: one vcvtps2pd with AVX-512 (GCC 12 splits
+// __builtin_convertvector of 8 floats into two 4-float conversions and an insert).
+inline D widen(Fh x) {
+#if ASAP_VBYTES == 64 && (defined(__x86_64__) || defined(__i386__))
+  return bits_as<D>(_mm512_cvtps_pd(bits_as<__m256>(x)));
+#else
+  return __builtin_convertvector(x, D);
+#endif
+}
+
 template <class H, class V, size_t... I>
 inline H lower_half(V v, std::index_sequence<I...>) {
   return __builtin_shufflevector(v, v, I...);
@@ -86,20 +96,20 @@ inline void halves(I32 s, I64& lo, I64& hi) {
 }
 inline void halves(F s, D& lo, D& hi) {
   constexpr auto idx = std::make_index_sequence<W32 / 2>{};
-  lo = __builtin_convertvector(lower_half<Fh>(s, idx), D);
-  hi = __builtin_convertvector(upper_half<Fh>(s, idx), D);
+  lo = widen(lower_half<Fh>(s, idx));
+  hi = widen(upper_half<Fh>(s, idx));
 }
 
 // float32 query words: key in the upper half, position in the lower one.
 inline D word_value(I64 w) {
   const I64 s = w >> 32;
   const I64 u = s ^ ((s >> 63) & 0x7FFFFFFF);
-  return __builtin_convertvector(bits_as<Fh>(__builtin_convertvector(u, I32h)), D);
+  return widen(bits_as<Fh>(__builtin_convertvector(u, I32h)));
 }
 inline I32h word_pos(I64 w) { return __builtin_convertvector(w, I32h); }
 
 // W64 values of T as doubles, and back (rounded to T).
-inline D load_d(const float* p) { return __builtin_convertvector(load<Fh>(p), D); }
+inline D load_d(const float* p) { return widen(load<Fh>(p)); }
 inline D load_d(const double* p) { return load<D>(p); }
 inline void store_t(float* p, D x) { store(p, __builtin_convertvector(x, Fh)); }
 inline void store_t(double* p, D x) { store(p, x); }
@@ -107,7 +117,7 @@ inline void store_t(double* p, D x) { store(p, x); }
 template <class T>
 inline D as_t(D x) {
   if constexpr (sizeof(T) == 4)
-    return __builtin_convertvector(__builtin_convertvector(x, Fh), D);
+    return widen(__builtin_convertvector(x, Fh));
   else
     return x;
 }
