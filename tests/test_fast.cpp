@@ -355,6 +355,53 @@ TEST_CASE("fast: pack_b and row_lse against their definitions on every instructi
   }
 }
 
+// gemm_nt with N = 1 mod W: the last column, alone in its vector, takes
+// last_column_nt (rows in lanes); with one more column (N + 1) the same
+// column comes from the micro tiles. Both must be the same bits, and both
+// within float rounding of a float64 dot product.
+template <class T>
+void check_last_column(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int64_t N, int64_t K) {
+  const int64_t NR = kt.nt_nr, lda = K + 1, ldc = (N + 1 + NR - 1) / NR * NR;
+  std::vector<T> A(static_cast<size_t>(M * lda)), B(static_cast<size_t>((N + 1) * K));
+  for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<T>(std::sin(0.61 * static_cast<double>(i)) * 2.0);
+  for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<T>(std::cos(0.29 * static_cast<double>(i)));
+  const int64_t panels = (N + 1 + NR - 1) / NR;
+  std::vector<T> Bp(static_cast<size_t>(panels * K * NR)), C1(static_cast<size_t>(M * ldc)), C2(C1.size());
+  kt.pack_b(N + 1, K, B.data(), K, T(1), Bp.data());
+  kt.gemm_nt(M, N, K, A.data(), lda, Bp.data(), C1.data(), ldc);
+  kt.gemm_nt(M, N + 1, K, A.data(), lda, Bp.data(), C2.data(), ldc);
+  int differ = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) differ += C1[i * ldc + j] != C2[i * ldc + j];
+    double ref = 0, mag = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double t = static_cast<double>(A[i * lda + k]) * static_cast<double>(B[(N - 1) * K + k]);
+      ref += t;
+      mag += std::abs(t);
+    }
+    worst = std::max(worst, std::abs(static_cast<double>(C1[i * ldc + N - 1]) - ref) / mag);
+  }
+  CHECK_MESSAGE(differ == 0, "gemm_nt M=" << M << " N=" << N << " K=" << K << ": " << differ << " entries differ");
+  CHECK_MESSAGE(worst < 1e-5, "gemm_nt M=" << M << " N=" << N << " K=" << K << ": last column off by " << worst);
+}
+
+TEST_CASE("fast: gemm_nt's lone last column (n = 17, 33, ...) is the micro tiles' bits on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    const int64_t W = K.f32.width;
+    for (int64_t M : {1, 5, 17, 40})
+      for (int64_t N : {int64_t{1}, W + 1, 2 * W + 1, 4 * W + 1})
+        for (int64_t k : {W, 4 * W, 8 * W, 9 * W, W + 3}) {
+          check_last_column(K.f32, M, N, k);
+          check_last_column(K.f64, M, N, k);
+        }
+  }
+}
+
 TEST_CASE("fast: the vectorised log of row and column sums is accurate on every instruction set") {
   // Sums lie in [1, n]; zero, subnormal, inf and NaN lanes take libm's log.
   auto z = at::exp(at::linspace(0.0, 20.0, 20001, at::kDouble)).to(at::kFloat).contiguous();

@@ -370,6 +370,9 @@ struct NtPanel<T, 0> {
 };
 
 template <class T>
+bool last_column_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* b, T* C, int64_t ldc);
+
+template <class T>
 void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc) {
   constexpr int W = Vec<T>::W, NV = ASAP_NT_NV, NR = NV * W;
   const int64_t panels = (N + NR - 1) / NR;
@@ -377,6 +380,13 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* 
     const T* bp = Bp + p * K * NR;
     const int64_t cols = std::min<int64_t>(NR, N - p * NR);
     const int nva = static_cast<int>((cols + W - 1) / W);
+    // A panel whose last vector holds one column (n = 17, 33, 49, 65 in
+    // float32 with AVX-512): that column as a product of rows in lanes
+    // (last_column_nt), the rest by the micro tiles.
+    if (cols % W == 1 && last_column_nt<T>(M, K, A, lda, bp + (nva - 1) * W, C + p * NR + (nva - 1) * W, ldc)) {
+      if (nva > 1) NtPanel<T, NV>::run(nva - 1, M, K, A, lda, bp, C + p * NR, ldc);
+      continue;
+    }
     if (nva == NV)
       panel_nt<T, NV>(M, K, A, lda, bp, C + p * NR, ldc);
     else
@@ -749,6 +759,42 @@ inline V lane_sums(V* a) {
       a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi);
   }
   return a[0];
+}
+
+// C[i * ldc] = sum_k A[i * lda + k] b[k * NR] for i < M: the last column of
+// a packed panel when it is alone in its vector. As a column of the micro
+// tiles it costs a whole vector of multiply-adds per row and k (at n = 17
+// the score GEMM's 17th column cost as much as the first 16); here W rows
+// in the lanes of one accumulator, their blocks of A transposed in
+// registers. Same order as the micro tiles (k ascending, one multiply-add
+// per term), so the same bits. K a multiple of W up to 8 W (false
+// otherwise: the micro tiles do it).
+template <class T>
+bool last_column_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* b, T* C, int64_t ldc) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W, NR = ASAP_NT_NV * W;
+  if (K % W != 0 || K > 8 * W) return false;
+  int64_t i = 0;
+  for (; i + W <= M; i += W) {
+    V acc = V{};
+    for (int64_t c = 0; c < K; c += W) {
+      V r[W];
+#pragma GCC unroll 32
+      for (int t = 0; t < W; ++t) r[t] = load<V>(A + (i + t) * lda + c);
+      transpose_block<T>(r);
+#pragma GCC unroll 32
+      for (int j = 0; j < W; ++j) acc += r[j] * splat<V>(b[(c + j) * NR]);
+    }
+#pragma GCC unroll 32
+    for (int t = 0; t < W; ++t) C[(i + t) * ldc] = acc[t];
+  }
+  for (; i < M; ++i) {
+    const T* x = A + i * lda;
+    T acc = T(0);
+    for (int64_t k = 0; k < K; ++k) acc += x[k] * b[k * NR];
+    C[i * ldc] = acc;
+  }
+  return true;
 }
 
 // float32 squared norms of W rows at once when d is a multiple of the vector
