@@ -657,7 +657,6 @@ void Engine<T>::slice_features_network(const FeatureSpec<T>& fs, const double* b
   for (size_t e = 0; e < a.extra_rows.size(); ++e) extra32_[e] = static_cast<int32_t>(a.extra_rows[e]);
   if (m != net_m_) {
     net_ = sort_network(m, &net_count_);
-    merge_ = merge_network(m, &merge_count_);
     net_m_ = m;
   }
   const int64_t nc = net_count_;
@@ -677,8 +676,6 @@ void Engine<T>::slice_features_network(const FeatureSpec<T>& fs, const double* b
     b.n_extra = static_cast<int64_t>(extra32_.size());
     b.comps = comps;
     b.n_comps = nc;
-    b.merge = merge_;
-    b.n_merge = merge_count_;
     b.work = s.net_work.get(work_doubles);
     if (beta) {
       b.beta = beta + blk * LB;

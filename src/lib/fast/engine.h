@@ -165,8 +165,6 @@ class Engine {
   Buf<T> thT_, XT_, YT_;
   std::vector<int32_t> kir32_, extra32_;
   int64_t net_m_ = -1, net_count_ = 0;  // the comparators of the last m (sort_network locks)
-  const int32_t* merge_ = nullptr;
-  int64_t merge_count_ = 0;  // merge_network of the same m
   // use_network's answer for the last (L, m): a string compare and three
   // logarithms that cost about 2% of a 16-slice call at n = 17 when asked per head.
   int64_t use_net_L_ = -1, use_net_m_ = -1;

@@ -590,20 +590,47 @@ inline void swap_where(SwapMask s, F& a, F& b) {
 }
 #endif
 
-template <int M>
-struct RecNet {
-  static constexpr int N = RegNet<M>::pairs.n;
+// A network's comparators in registers, recording the swaps (sort) or
+// undoing recorded ones in reverse order (unsort); plain applies it without
+// recording. Net::pairs is a NetPairs.
+template <class Net>
+struct Rec {
+  static constexpr int N = Net::pairs.n;
   template <size_t... I>
   static void sort(I32* r, SwapMask* sw, std::index_sequence<I...>) {
-    ((sw[I] = swaps(r[RegNet<M>::pairs.lo[I]], r[RegNet<M>::pairs.hi[I]]),
-      cex_reg(r[RegNet<M>::pairs.lo[I]], r[RegNet<M>::pairs.hi[I]])),
-     ...);
+    ((sw[I] = swaps(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]])), ...);
+  }
+  template <size_t... I>
+  static void plain(I32* r, std::index_sequence<I...>) {
+    (cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), ...);
   }
   template <size_t... I>
   static void unsort(F* r, const SwapMask* sw, std::index_sequence<I...>) {
-    (swap_where(sw[N - 1 - I], r[RegNet<M>::pairs.lo[N - 1 - I]], r[RegNet<M>::pairs.hi[N - 1 - I]]), ...);
+    (swap_where(sw[N - 1 - I], r[Net::pairs.lo[N - 1 - I]], r[Net::pairs.hi[N - 1 - I]]), ...);
   }
 };
+template <int M>
+using RecNet = Rec<RegNet<M>>;
+
+// Batcher's bitonic merge of 32 rows (a bitonic sequence in, sorted out):
+// comparators (i, i + k) for k = 16, 8, 4, 2, 1 and bit k of i clear.
+constexpr int kHalf = kRegNetMax;
+constexpr NetPairs bitonic_merge_pairs() {
+  NetPairs c;
+  for (int k = kHalf / 2; k >= 1; k >>= 1)
+    for (int i = 0; i < kHalf; ++i)
+      if (!(i & k)) {
+        c.lo[c.n] = i;
+        c.hi[c.n] = i + k;
+        ++c.n;
+      }
+  return c;
+}
+struct BitonicMerge {
+  static constexpr NetPairs pairs = bitonic_merge_pairs();
+};
+using RecMerge = Rec<BitonicMerge>;
+constexpr int kMergeSwaps = kHalf + 2 * RecMerge::N;  // per vector column: half-cleaner, both halves
 
 // Rows r[i] = p[i * ld] and back, i < M, expanded at compile time: as
 // loops over the contiguous rows of QS, KS and PH, GCC turned the stores of
@@ -631,7 +658,7 @@ void sort_recorded(const float* XT, int64_t ld, const int32_t* kir, const float*
     store_rows(QS + v * W32, LB, r, std::make_index_sequence<M>{});
     load_rows(r, YT + v * W32, ld, std::make_index_sequence<M>{});
     for (int i = 0; i < M; ++i) r[i] = skey(bits_as<F>(r[i]));
-    regnet_apply<I32, M>(r, std::make_index_sequence<N>{});
+    RecNet<M>::plain(r, std::make_index_sequence<N>{});
     store_rows(KS + v * W32, LB, r, std::make_index_sequence<M>{});
   }
 }
@@ -660,62 +687,104 @@ inline void with_m(int64_t m, Fn&& fn) {
   }
 }
 
-// The merge of the sorted halves [0, 32) and [32, m) of QS (recording its
-// swaps) and of KS: merge_network's comparators, on rows in memory.
-inline void merge_recorded(const int32_t* c, int64_t nc, int32_t* QS, int32_t* KS, SwapMask* sw) {
-  for (int64_t t = 0; t < nc; ++t) {
-    const int64_t i = c[2 * t] * int64_t{LB}, j = c[2 * t + 1] * int64_t{LB};
-    for (int v = 0; v < NV32; ++v) {
-      const I32 a = load<I32>(QS + i + v * W32), b = load<I32>(QS + j + v * W32);
-      sw[t * NV32 + v] = swaps(a, b);
-      store(QS + i + v * W32, vmin(a, b));
-      store(QS + j + v * W32, vmax(a, b));
-      const I32 x = load<I32>(KS + i + v * W32), y = load<I32>(KS + j + v * W32);
-      store(KS + i + v * W32, vmin(x, y));
-      store(KS + j + v * W32, vmax(x, y));
+// The merge of the sorted halves A = [0, 32) and B = [32, 32 + m2) of QS
+// (recording its swaps) and of KS, in registers: A followed by B reversed
+// and padded with +inf keys is bitonic; one half-cleaner layer (A[i]
+// against B[31 - i], in memory: each row is touched once) leaves two
+// bitonic halves, every key of the lower one below every key of the upper
+// one, and each half is sorted by a 32-row bitonic merge in registers. The
+// padding (INT32_MAX, above every key but a NaN's) ends past row 32 + m2.
+// Swaps at sw, per vector column: the half-cleaner (by i), the lower half's,
+// the upper half's (kMergeSwaps in all).
+inline void merge_halves_recorded(int64_t m2, int32_t* QS, int32_t* KS, SwapMask* sw) {
+  const int64_t lo0 = kHalf - m2;
+  constexpr auto seq = std::make_index_sequence<kHalf>{};
+  constexpr auto net = std::make_index_sequence<RecMerge::N>{};
+  const I32 pad = I32{} + INT32_MAX;
+  for (int v = 0; v < NV32; ++v) {
+    SwapMask* hc = sw + v * kMergeSwaps;
+    int32_t* q = QS + v * W32;
+    int32_t* k = KS + v * W32;
+    for (int64_t i = lo0; i < kHalf; ++i) {
+      const int64_t a = i * LB, b = (2 * kHalf - 1 - i) * LB;
+      const I32 x = load<I32>(q + a), y = load<I32>(q + b);
+      hc[i] = swaps(x, y);
+      store(q + a, vmin(x, y));
+      store(q + b, vmax(x, y));
+      const I32 u = load<I32>(k + a), w = load<I32>(k + b);
+      store(k + a, vmin(u, w));
+      store(k + b, vmax(u, w));
     }
-  }
-}
-inline void unmerge_recorded(const int32_t* c, int64_t nc, float* PH, const SwapMask* sw) {
-  for (int64_t t = nc - 1; t >= 0; --t) {
-    const int64_t i = c[2 * t] * int64_t{LB}, j = c[2 * t + 1] * int64_t{LB};
-    for (int v = 0; v < NV32; ++v) {
-      F a = load<F>(PH + i + v * W32), b = load<F>(PH + j + v * W32);
-      swap_where(sw[t * NV32 + v], a, b);
-      store(PH + i + v * W32, a);
-      store(PH + j + v * W32, b);
+    I32 r[kHalf];
+    load_rows(r, q, LB, seq);
+    RecMerge::sort(r, hc + kHalf, net);
+    store_rows(q, LB, r, seq);
+    load_rows(r, k, LB, seq);
+    RecMerge::plain(r, net);
+    store_rows(k, LB, r, seq);
+    for (int p = 0; p < 2; ++p) {  // the upper halves of QS (recorded) and KS
+      int32_t* base = p == 0 ? q : k;
+      for (int64_t t = 0; t < kHalf; ++t) r[t] = t >= lo0 ? load<I32>(base + (2 * kHalf - 1 - t) * LB) : pad;
+      if (p == 0)
+        RecMerge::sort(r, hc + kHalf + RecMerge::N, net);
+      else
+        RecMerge::plain(r, net);
+      for (int64_t t = 0; t < m2; ++t) store(base + (kHalf + t) * LB, r[t]);
     }
   }
 }
 
-// The recorded sort of a block's m <= 2 kRegNetMax keys: m <= 32 in
-// registers; otherwise the first 32 rows and the other m - 32 in registers,
-// then their merge in memory. Returns the swaps recorded (SwapMasks).
-inline int64_t sort_block_recorded(const detail::SliceBlock<float>& b, int32_t* QS, int32_t* KS, SwapMask* sw) {
-  const int64_t m = b.m, h = m <= kRegNetMax ? m : kRegNetMax;
+// Undoes merge_halves_recorded's swaps on PH, in reverse order.
+inline void unmerge_halves_recorded(int64_t m2, float* PH, const SwapMask* sw) {
+  const int64_t lo0 = kHalf - m2;
+  constexpr auto seq = std::make_index_sequence<kHalf>{};
+  constexpr auto net = std::make_index_sequence<RecMerge::N>{};
+  for (int v = 0; v < NV32; ++v) {
+    const SwapMask* hc = sw + v * kMergeSwaps;
+    float* ph = PH + v * W32;
+    F r[kHalf];
+    for (int64_t t = 0; t < kHalf; ++t) r[t] = t < m2 ? load<F>(ph + (kHalf + t) * LB) : F{};
+    RecMerge::unsort(r, hc + kHalf + RecMerge::N, net);
+    for (int64_t t = lo0; t < kHalf; ++t) store(ph + (2 * kHalf - 1 - t) * LB, r[t]);
+    load_rows(r, ph, LB, seq);
+    RecMerge::unsort(r, hc + kHalf, net);
+    store_rows(ph, LB, r, seq);
+    for (int64_t i = lo0; i < kHalf; ++i) {
+      F x = load<F>(ph + i * LB), y = load<F>(ph + (2 * kHalf - 1 - i) * LB);
+      swap_where(hc[i], x, y);
+      store(ph + i * LB, x);
+      store(ph + (2 * kHalf - 1 - i) * LB, y);
+    }
+  }
+}
+
+// The recorded sort of a block's m <= 64 keys: m <= 32 in registers;
+// otherwise the first 32 rows and the other m - 32 in registers, then their
+// merge. Swaps at sw: the first half's, the second half's, the merge's.
+inline void sort_block_recorded(const detail::SliceBlock<float>& b, int32_t* QS, int32_t* KS, SwapMask* sw) {
+  const int64_t m = b.m, h = m <= kHalf ? m : kHalf;
   int64_t used = 0;
   with_m(h, [&](auto M) {
     sort_recorded<decltype(M)::value>(b.XT, b.ld, b.kir, b.YT, QS, KS, sw);
     used += NV32 * RecNet<decltype(M)::value>::N;
   });
-  if (m == h) return used;
+  if (m == h) return;
   with_m(m - h, [&](auto M) {
     sort_recorded<decltype(M)::value>(b.XT, b.ld, b.kir + h, b.YT + h * b.ld, QS + h * LB, KS + h * LB, sw + used);
     used += NV32 * RecNet<decltype(M)::value>::N;
   });
-  merge_recorded(b.merge, b.n_merge, QS, KS, sw + used);
-  return used + NV32 * b.n_merge;
+  merge_halves_recorded(m - h, QS, KS, sw + used);
 }
 
 // Undoes sort_block_recorded's swaps on PH [m][LB], in reverse order.
 inline void unsort_block_recorded(const detail::SliceBlock<float>& b, float* PH, const SwapMask* sw) {
-  const int64_t m = b.m, h = m <= kRegNetMax ? m : kRegNetMax;
+  const int64_t m = b.m, h = m <= kHalf ? m : kHalf;
   int64_t used = 0;
   with_m(h, [&](auto M) { used += NV32 * RecNet<decltype(M)::value>::N; });
   if (m > h) {
     int64_t second = 0;
     with_m(m - h, [&](auto M) { second = NV32 * RecNet<decltype(M)::value>::N; });
-    unmerge_recorded(b.merge, b.n_merge, PH, sw + used + second);
+    unmerge_halves_recorded(m - h, PH, sw + used + second);
     with_m(m - h, [&](auto M) { unsort_recorded<decltype(M)::value>(PH + h * LB, sw + used); });
   }
   with_m(h, [&](auto M) { unsort_recorded<decltype(M)::value>(PH, sw); });
@@ -778,7 +847,7 @@ inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
   int32_t* KS = ar.take<int32_t>(m * LB);
   float* PH = ar.take<float>(m * LB);
   float* COL = ar.take<float>(LB * ldc);
-  SwapMask* sw = ar.take<SwapMask>(NV32 * (2 * kRegNetMaxComps + b.n_merge));
+  SwapMask* sw = ar.take<SwapMask>(NV32 * (2 * kRegNetMaxComps + kMergeSwaps));
   sort_block_recorded(b, QS, KS, sw);
   double *XS = nullptr, *YS = nullptr, *U = nullptr;
   alignas(64) double sums[LB];

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "asap/error.h"
@@ -40,27 +39,13 @@ constexpr Crossover kCrossovers[] = {
     {"avx2", true, 1, 64, 1024},      {"generic", false, 1, 1, 512},   {"generic", true, 1, 1, 64},
 };
 
-std::vector<int32_t> build_network(int64_t m, bool last_stage_only) {
+std::vector<int32_t> build_network(int64_t m) {
   std::vector<int32_t> c;
-  for_each_comparator(
-      m,
-      [&](int64_t i, int64_t j) {
-        c.push_back(static_cast<int32_t>(i));
-        c.push_back(static_cast<int32_t>(j));
-      },
-      last_stage_only);
+  for_each_comparator(m, [&](int64_t i, int64_t j) {
+    c.push_back(static_cast<int32_t>(i));
+    c.push_back(static_cast<int32_t>(j));
+  });
   return c;
-}
-
-const int32_t* cached_network(int64_t m, bool last_stage_only, int64_t* count) {
-  static std::mutex mu;
-  static std::map<std::pair<int64_t, bool>, std::vector<int32_t>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(m, last_stage_only);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, build_network(m, last_stage_only)).first;
-  *count = static_cast<int64_t>(it->second.size() / 2);
-  return it->second.data();
 }
 
 int sort_path_from_env() {
@@ -86,8 +71,15 @@ const SortNetKernels& sortnet_for(const char* isa) {
   return *k;
 }
 
-const int32_t* sort_network(int64_t m, int64_t* count) { return cached_network(m, false, count); }
-const int32_t* merge_network(int64_t m, int64_t* count) { return cached_network(m, true, count); }
+const int32_t* sort_network(int64_t m, int64_t* count) {
+  static std::mutex mu;
+  static std::map<int64_t, std::vector<int32_t>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(m);
+  if (it == cache.end()) it = cache.emplace(m, build_network(m)).first;
+  *count = static_cast<int64_t>(it->second.size() / 2);
+  return it->second.data();
+}
 
 SortPath sort_path() { return static_cast<SortPath>(path_state().load(std::memory_order_relaxed)); }
 void set_sort_path(SortPath p) { path_state().store(static_cast<int>(p), std::memory_order_relaxed); }

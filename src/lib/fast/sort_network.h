@@ -49,8 +49,6 @@ struct SliceBlock {
   int64_t n_extra = 0;
   const int32_t* comps = nullptr;  // comparator pairs (i, j), i < j < m
   int64_t n_comps = 0;
-  const int32_t* merge = nullptr;  // merge_network(m), for 32 < m <= 64
-  int64_t n_merge = 0;
   void* work = nullptr;  // sortnet_work_bytes(m, nR) bytes, 64-byte aligned
   // Output, like Engine::features: with beta, acc[i] += sum_l beta[l] col_l[i]
   // and *shift += sum_l beta[l] mean_l; without, psi[l * ldpsi + i] = col_l[i] - mean_l.
@@ -94,13 +92,14 @@ const SortNetKernels& sortnet_for(const char* isa);
 // Calls visit(i, j) for every comparator (i < j < m) of Batcher's odd-even
 // merge sort for P = 2^k >= m elements (the iterative form: merges of runs
 // of p, comparators at distance k), in order, keeping only those whose both
-// ends are real elements; with last_stage_only, only the final merge (p = P/2). A constant expression when visit is:
-// the networks unrolled at compile time (sort_impl.h) and the run-time list below are this one loop.
+// ends are real elements. A constant expression when visit is: the
+// networks unrolled at compile time (sort_impl.h) and the run-time list
+// below are this one loop.
 template <class Visit>
-constexpr void for_each_comparator(int64_t m, Visit&& visit, bool last_stage_only = false) {
+constexpr void for_each_comparator(int64_t m, Visit&& visit) {
   int64_t P = 1;
   while (P < m) P <<= 1;
-  for (int64_t p = last_stage_only && P > 1 ? P / 2 : 1; p < P; p <<= 1)
+  for (int64_t p = 1; p < P; p <<= 1)
     for (int64_t k = p; k >= 1; k >>= 1)
       for (int64_t j = k % p; j + k < P; j += 2 * k)
         for (int64_t i = 0; i < k && i + j + k < P; ++i)
@@ -110,10 +109,6 @@ constexpr void for_each_comparator(int64_t m, Visit&& visit, bool last_stage_onl
 // The comparator pairs (i, j) of the pruned odd-even merge sort of m
 // elements (see above), as 2 * count int32s; built once per m, thread-safe.
 const int32_t* sort_network(int64_t m, int64_t* count);
-// Its last stage alone (with last_stage_only): the odd-even merge of the
-// sorted halves [0, P/2) and [P/2, m) (P the power of two above), whichever
-// networks sorted them. Built once per m, thread-safe.
-const int32_t* merge_network(int64_t m, int64_t* count);
 
 // Which sort the sliced features use (engine.cpp): the networks where they
 // win, the scalar sorts of sort.h otherwise (see use_network).
@@ -134,10 +129,10 @@ inline size_t sortnet_work_bytes(int64_t m, int64_t nR) {
   // Per element of a lane: the query and key words (at most 24 bytes, float64),
   // for rows that are not keys the sorted values and u (24 bytes); per row of
   // R the column values (float64); the swaps that the float32 networks of
-  // m <= 64 record (at most 191 + 191 + 161 comparators, 4 bytes a lane);
-  // slack for alignment.
+  // m <= 64 record (at most 191 + 191 for the halves and 32 + 2 * 80 for
+  // their merge, 4 bytes a lane); slack for alignment.
   const size_t per = static_cast<size_t>(kSortLanes);
-  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 + 543 * per * 4 + 16 * 64;
+  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 + 574 * per * 4 + 16 * 64;
 }
 
 }  // namespace detail
