@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of the benchmark tools (no pytest needed): the report's target
-checks and compile section (tools/bench/bench_report.py) on known timings, and the
-long-sequence compile case (tools/bench/make_throughput_case.py).
+checks and compile section (tools/bench/bench_report.py) on known timings, the
+long-sequence compile case (tools/bench/make_throughput_case.py), and the slice
+families' floor (tools/experiments/slice_floor.py).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
@@ -114,6 +115,36 @@ def throughput_case_records_the_teacher_at_a_longer_n():
 
 
 
+
+
+@test
+def slice_floor_is_the_projections_at_peak_over_the_measured_loop():
+    # asap_s3 k = 1 (4 passes) against sinkhorn 4: the bounds differ by the
+    # projections alone, 0.010 s, and the loop takes 0.050 s, so the floor is
+    # 1 + 0.010 / 0.050 = 1.20; measured 0.075 / 0.050 = 1.50. alpha k = 1
+    # against sinkhorn 1: 1 + 0.010 / 0.020 = 1.50, above 1.25 (marked).
+    def r(op, param, t, b):
+        return {"op": op, "param": param, "n": 17, "B": 16, "H": 4, "median_s": t, "bound_s": b}
+    blocks = [{"policy": "active", "d": 16, "slices": 0, "results": [r("sinkhorn", 1, 0.02, 0.004)]},
+              {"policy": "active", "d": 16, "slices": 16, "machine": {"cpu": "test cpu", "threads": 2},
+               "results": [r("sinkhorn", 4, 0.050, 0.010), r("asap_s3", 1, 0.075, 0.020),
+                           r("sinkhorn", 1, 0.020, 0.004), r("asap", 1, 0.040, 0.014)]}]
+    tool = os.path.join(TOOLS, "experiments", "slice_floor.py")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "overhead.json")
+        with open(path, "w") as f:
+            json.dump(blocks, f)
+        out = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, check=True).stdout
+        assert "asap_s3_1 1.50/1.20 " in out + " ", out
+        assert "asap_1 2.00/1.50!" in out, out
+        assert "d = 16, 16 slices (test cpu, 2 threads)" in out, out
+        bad = os.path.join(d, "bad.json")
+        with open(bad, "w") as f:
+            json.dump({"results": []}, f)
+        e = subprocess.run([sys.executable, tool, bad], capture_output=True, text=True)
+        assert e.returncode != 0 and "expected a list of blocks" in e.stderr and "bad.json" in e.stderr, e.stderr
+        e = subprocess.run([sys.executable, tool, os.path.join(d, "missing.json")], capture_output=True, text=True)
+        assert e.returncode != 0 and "cannot read" in e.stderr and "missing.json" in e.stderr, e.stderr
 
 if __name__ == "__main__":
     sys.exit(run(sys.argv[1:]))
