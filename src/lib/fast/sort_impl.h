@@ -461,24 +461,15 @@ struct Arena {
 };
 
 // u_(1) = 0, u_(r+1) = u_(r) + ys_(r) (xs_(r+1) - xs_(r)); phi_(r) = xs_(r)^2 / 2 - u_(r),
-// from the sorted rows, rounded to T and scattered to the rows of R by
-// position (lane l of COL at COL + l * ldc). Extra: also the sorted values
-// and u, [m][LB] each, for the rows that are not keys.
+// one sorted row r at a time (x, y: its LB values as NV64 vectors of
+// doubles): phi rounded to T into out[LB], the per-lane sums of the stored
+// values, and with Extra the sorted values and u, [m][LB] each, for the rows
+// that are not keys.
 template <class T, bool Extra>
-inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS, double* YS, double* U, double* sums) {
-  typedef Rows<T, true, true> R;
-  T* const tag = nullptr;
-  alignas(64) int32_t lane[LB];
-  for (int l = 0; l < LB; ++l) lane[l] = static_cast<int32_t>(l * ldc);
-  D u[NV64], xp[NV64], yp[NV64], sum[NV64];
-  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = sum[k] = D{};
-  for (int64_t r = 0; r < m; ++r) {
-    D x[NV64], y[NV64];
-    I32h pos[NV64];
-    get_q(w + r * R::bytes, tag, x, pos);
-    get_k(w + r * R::bytes + R::koff, tag, y);
-    alignas(64) T ph[LB];
-    alignas(64) int32_t ps[LB];
+struct Potentials {
+  D u[NV64] = {}, xp[NV64] = {}, yp[NV64] = {}, sum[NV64] = {};
+  double *XS, *YS, *U;
+  inline void row(int64_t r, const D* x, const D* y, T* out) {
     for (int k = 0; k < NV64; ++k) {
       if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
       if (Extra) {
@@ -487,15 +478,39 @@ inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS
         store(U + r * LB + k * W64, u[k]);
       }
       const D p = 0.5 * x[k] * x[k] - u[k];
-      store_t(ph + k * W64, p);
+      store_t(out + k * W64, p);
       sum[k] += as_t<T>(p);
-      store(ps + k * W64, pos[k]);
       xp[k] = x[k];
       yp[k] = y[k];
     }
+  }
+  inline void sums_to(double* sums) const {
+    for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
+  }
+};
+
+// The potentials of the sorted (key, position) rows at w, scattered to the
+// rows of R by position (lane l of COL at COL + l * ldc).
+template <class T, bool Extra>
+inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS, double* YS, double* U, double* sums) {
+  typedef Rows<T, true, true> R;
+  T* const tag = nullptr;
+  alignas(64) int32_t lane[LB];
+  for (int l = 0; l < LB; ++l) lane[l] = static_cast<int32_t>(l * ldc);
+  Potentials<T, Extra> pot{};
+  pot.XS = XS, pot.YS = YS, pot.U = U;
+  for (int64_t r = 0; r < m; ++r) {
+    D x[NV64], y[NV64];
+    I32h pos[NV64];
+    get_q(w + r * R::bytes, tag, x, pos);
+    get_k(w + r * R::bytes + R::koff, tag, y);
+    alignas(64) T ph[LB];
+    alignas(64) int32_t ps[LB];
+    pot.row(r, x, y, ph);
+    for (int k = 0; k < NV64; ++k) store(ps + k * W64, pos[k]);
     scatter(COL, ps, ph, lane);
   }
-  for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
+  pot.sums_to(sums);
 }
 
 // The block's columns once COL holds the key rows' potentials (lane l at
@@ -795,29 +810,17 @@ inline void unsort_block_recorded(const detail::SliceBlock<float>& b, float* PH,
 template <bool Extra>
 inline void potentials_sorted(int64_t m, const int32_t* QS, const int32_t* KS, float* PH, double* XS, double* YS,
                               double* U, double* sums) {
-  D u[NV64], xp[NV64], yp[NV64], sum[NV64];
-  for (int k = 0; k < NV64; ++k) u[k] = xp[k] = yp[k] = sum[k] = D{};
+  Potentials<float, Extra> pot{};
+  pot.XS = XS, pot.YS = YS, pot.U = U;
   for (int64_t r = 0; r < m; ++r) {
     D x[NV64], y[NV64];
     for (int j = 0; j < NV32; ++j) {
       halves(key_value(load<I32>(QS + r * LB + j * W32)), x[2 * j], x[2 * j + 1]);
       halves(key_value(load<I32>(KS + r * LB + j * W32)), y[2 * j], y[2 * j + 1]);
     }
-    for (int k = 0; k < NV64; ++k) {
-      if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
-      if (Extra) {
-        store(XS + r * LB + k * W64, x[k]);
-        store(YS + r * LB + k * W64, y[k]);
-        store(U + r * LB + k * W64, u[k]);
-      }
-      const D p = 0.5 * x[k] * x[k] - u[k];
-      store_t(PH + r * LB + k * W64, p);
-      sum[k] += as_t<float>(p);
-      xp[k] = x[k];
-      yp[k] = y[k];
-    }
+    pot.row(r, x, y, PH + r * LB);
   }
-  for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
+  pot.sums_to(sums);
 }
 
 // COL[l * ldc + kir[r]] = PH[r][l]: when the keys are consecutive rows of R
