@@ -513,6 +513,22 @@ inline void potentials(int64_t m, const char* w, T* COL, int64_t ldc, double* XS
   pot.sums_to(sums);
 }
 
+// The sorted values and u of a block, [m][LB] each, for its rows that are
+// not keys (all nullptr when every row is a key).
+struct SortedRows {
+  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+};
+template <class T>
+inline SortedRows take_sorted_rows(Arena& ar, const detail::SliceBlock<T>& b) {
+  SortedRows so;
+  if (b.n_extra > 0) {
+    so.XS = ar.take<double>(b.m * LB);
+    so.YS = ar.take<double>(b.m * LB);
+    so.U = ar.take<double>(b.m * LB);
+  }
+  return so;
+}
+
 // The block's columns once COL holds the key rows' potentials (lane l at
 // COL + l * ldc) and `sums` their per-lane sums: the rows that are not keys
 // (the potential extended by its outer rays, from the sorted values XS, YS
@@ -852,19 +868,15 @@ inline void slice_block_recorded(const detail::SliceBlock<float>& b) {
   float* COL = ar.take<float>(LB * ldc);
   SwapMask* sw = ar.take<SwapMask>(NV32 * (2 * kRegNetMaxComps + kMergeSwaps));
   sort_block_recorded(b, QS, KS, sw);
-  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  const SortedRows so = take_sorted_rows(ar, b);
   alignas(64) double sums[LB];
-  if (b.n_extra > 0) {
-    XS = ar.take<double>(m * LB);
-    YS = ar.take<double>(m * LB);
-    U = ar.take<double>(m * LB);
-    potentials_sorted<true>(m, QS, KS, PH, XS, YS, U, sums);
-  } else {
+  if (so.XS)
+    potentials_sorted<true>(m, QS, KS, PH, so.XS, so.YS, so.U, sums);
+  else
     potentials_sorted<false>(m, QS, KS, PH, nullptr, nullptr, nullptr, sums);
-  }
   unsort_block_recorded(b, PH, sw);
   rows_to_columns(m, b.kir, PH, COL, ldc);
-  finish_block(b, COL, ldc, XS, YS, U, sums);
+  finish_block(b, COL, ldc, so.XS, so.YS, so.U, sums);
 }
 
 template <class T>
@@ -885,20 +897,16 @@ void slice_block(const detail::SliceBlock<T>& b) {
     put_k(w + r * R::bytes + R::koff, b.YT + r * b.ld);
   }
   if (!network_in_registers<T, true, true>(w, m)) network<T, true, true>(w, b.comps, b.n_comps);
-  double *XS = nullptr, *YS = nullptr, *U = nullptr;
+  const SortedRows so = take_sorted_rows(ar, b);
   // Per lane, the sum over R of the column as stored (rounded to T), for
   // the centering: the key rows' in one vector sweep with the potentials
   // (a sum per lane over its strided column was a serial chain per lane).
   alignas(64) double sums[LB];
-  if (b.n_extra > 0) {
-    XS = ar.take<double>(m * LB);
-    YS = ar.take<double>(m * LB);
-    U = ar.take<double>(m * LB);
-    potentials<T, true>(m, w, COL, ldc, XS, YS, U, sums);
-  } else {
+  if (so.XS)
+    potentials<T, true>(m, w, COL, ldc, so.XS, so.YS, so.U, sums);
+  else
     potentials<T, false>(m, w, COL, ldc, nullptr, nullptr, nullptr, sums);
-  }
-  finish_block(b, COL, ldc, XS, YS, U, sums);
+  finish_block(b, COL, ldc, so.XS, so.YS, so.U, sums);
 }
 
 template <class T>
