@@ -333,6 +333,47 @@ TEST_CASE("sort network: float32 blocks of 2-64 keys (swaps recorded, then undon
   CHECK(failures == 0);
 }
 
+TEST_CASE("sort network: the path is chosen per head's key count within one call (cached per L, m)") {
+  // One call, one thread: sequence 0 has 3000 active keys (the scalar sorts
+  // on every ISA), sequence 1 only 40 (the networks). The engine caches
+  // use_network's answer; it must be asked again when m changes. float64,
+  // padded queries dropped (so sequence 1's rows are its 40 keys): there the
+  // two paths' centering (sorted against row order) differs in the last
+  // bits, so the outputs show which path ran.
+  at::manual_seed(17);
+  const int64_t n = 3000, d = 4;
+  auto q = at::randn({2, 1, n, d}, at::kDouble), k = at::randn({2, 1, n, d}, at::kDouble);
+  auto mask = at::ones({2, n}, at::kBool);
+  mask[1].slice(0, 40).fill_(false);
+  asap::FeatureFamily fam;
+  fam.slices = 16;
+  auto theta = asap::make_slice_bank(d, 16, 2);
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    REQUIRE_FALSE(fd::use_network(isa.c_str(), true, 16, n));
+    REQUIRE(fd::use_network(isa.c_str(), true, 16, 40));
+    asap::fast::Tuning t;
+    t.isa = isa;
+    Threads th(1);
+    at::Tensor a, net, scal;
+    {
+      ForcePath f(fd::SortPath::kAuto);
+      a = asap::fast::build_features(q, k, mask, true, theta, fam, 0.5, 1.0, t);
+    }
+    {
+      ForcePath f(fd::SortPath::kNetwork);
+      net = asap::fast::build_features(q, k, mask, true, theta, fam, 0.5, 1.0, t);
+    }
+    {
+      ForcePath f(fd::SortPath::kScalar);
+      scal = asap::fast::build_features(q, k, mask, true, theta, fam, 0.5, 1.0, t);
+    }
+    REQUIRE_FALSE(at::equal(net[1], scal[1]));  // else the check below could not tell the paths apart
+    CHECK(at::equal(a[0], scal[0]));
+    CHECK(at::equal(a[1], net[1]));
+  }
+}
+
 TEST_CASE("sort network: the compiled operator with the network equals the reference (phi_hat, outputs)") {
   at::manual_seed(91);
   const int64_t B = 2, H = 3, d = 8;

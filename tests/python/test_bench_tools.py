@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tests of the benchmark tools (no pytest needed): the report's target
 checks and compile section (tools/bench/bench_report.py) on known timings, the
-long-sequence compile case (tools/bench/make_throughput_case.py), and the slice
-families' floor (tools/experiments/slice_floor.py).
+long-sequence compile case (tools/bench/make_throughput_case.py), the slice
+families' floor (tools/experiments/slice_floor.py), and the alternating timers
+(tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches.
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
@@ -145,6 +146,41 @@ def slice_floor_is_the_projections_at_peak_over_the_measured_loop():
         assert e.returncode != 0 and "expected a list of blocks" in e.stderr and "bad.json" in e.stderr, e.stderr
         e = subprocess.run([sys.executable, tool, os.path.join(d, "missing.json")], capture_output=True, text=True)
         assert e.returncode != 0 and "cannot read" in e.stderr and "missing.json" in e.stderr, e.stderr
+
+
+def fake_bench(directory, medians):
+    """A build directory whose tools/asap_bench prints the given median (seconds) per --only operator."""
+    os.makedirs(os.path.join(directory, "tools"), exist_ok=True)
+    path = os.path.join(directory, "tools", "asap_bench")
+    table = " ".join(f"{op}={t}" for op, t in medians.items())
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nop=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --only ] && op=$2; shift; done\n"
+                f"for kv in {table}; do [ \"${{kv%%=*}}\" = \"$op\" ] && "
+                "printf '{\"results\": [{\"median_s\": %s}]}\\n' \"${kv#*=}\"; done\nexit 0\n")
+    os.chmod(path, 0o755)
+
+
+@test
+def build_ab_and_pair_ratios_print_the_least_medians_and_their_ratio():
+    with tempfile.TemporaryDirectory() as d:
+        old, new = os.path.join(d, "old"), os.path.join(d, "new")
+        fake_bench(old, {"asap_1": 2e-4, "sinkhorn_1": 1e-4})
+        fake_bench(new, {"asap_1": 1.5e-4, "sinkhorn_1": 1e-4})
+        env = dict(os.environ, ROUNDS="2")
+        ab = os.path.join(TOOLS, "experiments", "build_ab.sh")
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "old     200.0 us" in r.stdout and "new     150.0 us" in r.stdout and "new/old 0.750" in r.stdout, r.stdout
+        r = subprocess.run([ab, os.path.join(d, "none"), new, "17", "16", "1", "16", "asap_1"], capture_output=True,
+                           text=True, env=env)
+        assert r.returncode != 0 and "expected an asap_bench at" in r.stderr and "none" in r.stderr, r.stderr
+        pr = os.path.join(TOOLS, "experiments", "pair_ratios.sh")
+        r = subprocess.run([pr, "17", "16", "1", "0", "sinkhorn_1:asap_1"], capture_output=True, text=True,
+                           env=dict(env, BENCH=os.path.join(old, "tools", "asap_bench")))
+        assert r.returncode == 0, r.stderr
+        assert "ratio 2.000" in r.stdout, r.stdout
+        r = subprocess.run([pr, "17", "16", "1", "0", "bad"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and "expected A:B, found 'bad'" in r.stderr, r.stderr
 
 if __name__ == "__main__":
     sys.exit(run(sys.argv[1:]))

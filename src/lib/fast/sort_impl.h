@@ -67,10 +67,6 @@ inline I64 skey(D x) {
 inline F key_value(I32 s) { return bits_as<F>(s ^ ((s >> 31) & 0x7FFFFFFF)); }
 inline D key_value(I64 s) { return bits_as<D>(s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFFll)); }
 
-// The two halves of a vector of 32-bit elements, widened to 64-bit elements.
-// By shuffles: through memory (__builtin_memcpy of each half), GCC stored the
-// whole vector and reloaded its halves, and the upper half's load waited on
-// a failed store-to-load forwarding.
 // W64 floats widened to doubles: one vcvtps2pd with AVX-512 (GCC 12 splits
 // __builtin_convertvector of 8 floats into two 4-float conversions and an insert).
 inline D widen(Fh x) {
@@ -89,6 +85,10 @@ template <class H, class V, size_t... I>
 inline H upper_half(V v, std::index_sequence<I...>) {
   return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
 }
+// The two halves of a vector of 32-bit elements, widened to 64-bit elements.
+// By shuffles: through memory (__builtin_memcpy of each half), GCC stored the
+// whole vector and reloaded its halves, and the upper half's load waited on
+// a failed store-to-load forwarding.
 inline void halves(I32 s, I64& lo, I64& hi) {
   constexpr auto idx = std::make_index_sequence<W32 / 2>{};
   lo = __builtin_convertvector(lower_half<I32h>(s, idx), I64);
@@ -236,9 +236,10 @@ inline void cex_reg(V& a, V& b) {
   a = lo;
 }
 
-template <class V, int M, size_t... I>
-inline void regnet_apply(V* r, std::index_sequence<I...>) {
-  (cex_reg(r[RegNet<M>::pairs.lo[I]], r[RegNet<M>::pairs.hi[I]]), ...);
+// The comparators of Net (Net::pairs, a NetPairs) on r[], unrolled.
+template <class Net, class V, size_t... I>
+inline void net_apply(V* r, std::index_sequence<I...>) {
+  (cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), ...);
 }
 
 // Sorts the vectors of type V at w + r * stride (r < M) lane-wise.
@@ -246,7 +247,7 @@ template <class V, int M>
 inline void regnet_rows(char* w, int64_t stride) {
   V r[M];
   for (int i = 0; i < M; ++i) r[i] = load<V>(w + i * stride);
-  regnet_apply<V, M>(r, std::make_index_sequence<RegNet<M>::pairs.n>{});
+  net_apply<RegNet<M>>(r, std::make_index_sequence<RegNet<M>::pairs.n>{});
   for (int i = 0; i < M; ++i) store(w + i * stride, r[i]);
 }
 
@@ -596,7 +597,7 @@ void finish_block(const detail::SliceBlock<T>& b, T* COL, int64_t ldc, const dou
 // per lane and row. Here the query network sorts the 32-bit keys alone (one
 // vector per row) and records, per comparator, the lanes in which it
 // swapped: up to 32 keys in registers; up to 64 as two halves in registers
-// and their odd-even merge in memory. The potentials are computed in sorted
+// and their bitonic merge (merge_halves_recorded). The potentials are computed in sorted
 // order as above, then carried back to the keys' own order by the same
 // swaps in reverse order, and transposed into the columns W32 rows at a
 // time. Tied keys may end in either order; they get the same potential bits
@@ -622,18 +623,14 @@ inline void swap_where(SwapMask s, F& a, F& b) {
 #endif
 
 // A network's comparators in registers, recording the swaps (sort) or
-// undoing recorded ones in reverse order (unsort); plain applies it without
-// recording. Net::pairs is a NetPairs.
+// undoing recorded ones in reverse order (unsort); net_apply runs it
+// without recording. Net::pairs is a NetPairs.
 template <class Net>
 struct Rec {
   static constexpr int N = Net::pairs.n;
   template <size_t... I>
   static void sort(I32* r, SwapMask* sw, std::index_sequence<I...>) {
     ((sw[I] = swaps(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]])), ...);
-  }
-  template <size_t... I>
-  static void plain(I32* r, std::index_sequence<I...>) {
-    (cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), ...);
   }
   template <size_t... I>
   static void unsort(F* r, const SwapMask* sw, std::index_sequence<I...>) {
@@ -689,7 +686,7 @@ void sort_recorded(const float* XT, int64_t ld, const int32_t* kir, const float*
     store_rows(QS + v * W32, LB, r, std::make_index_sequence<M>{});
     load_rows(r, YT + v * W32, ld, std::make_index_sequence<M>{});
     for (int i = 0; i < M; ++i) r[i] = skey(bits_as<F>(r[i]));
-    RecNet<M>::plain(r, std::make_index_sequence<N>{});
+    net_apply<RegNet<M>>(r, std::make_index_sequence<N>{});
     store_rows(KS + v * W32, LB, r, std::make_index_sequence<M>{});
   }
 }
@@ -751,7 +748,7 @@ inline void merge_halves_recorded(int64_t m2, int32_t* QS, int32_t* KS, SwapMask
     RecMerge::sort(r, hc + kHalf, net);
     store_rows(q, LB, r, seq);
     load_rows(r, k, LB, seq);
-    RecMerge::plain(r, net);
+    net_apply<BitonicMerge>(r, net);
     store_rows(k, LB, r, seq);
     for (int p = 0; p < 2; ++p) {  // the upper halves of QS (recorded) and KS
       int32_t* base = p == 0 ? q : k;
@@ -759,7 +756,7 @@ inline void merge_halves_recorded(int64_t m2, int32_t* QS, int32_t* KS, SwapMask
       if (p == 0)
         RecMerge::sort(r, hc + kHalf + RecMerge::N, net);
       else
-        RecMerge::plain(r, net);
+        net_apply<BitonicMerge>(r, net);
       for (int64_t t = 0; t < m2; ++t) store(base + (kHalf + t) * LB, r[t]);
     }
   }

@@ -20,6 +20,9 @@
 // the stable order of the scalar sorts (ties by token index). float32 query
 // words are single int64s (key << 32 | position), so a compare-exchange is
 // one min and one max; float64 ones are (key, position) pairs.
+// (float32 blocks of m <= 64 keys carry no positions: the query network
+// records its swaps and undoes them on the potentials; sort_impl.h,
+// slice_block_recorded.)
 //
 // Compiled per instruction set like the kernels (sort_generic.cpp,
 // sort_avx2.cpp, sort_avx512.cpp, each including sort_impl.h under its own
