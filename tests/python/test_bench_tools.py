@@ -2,7 +2,8 @@
 """Tests of the benchmark tools (no pytest needed): the report's target
 checks and compile section (tools/bench/bench_report.py) on known timings, the
 long-sequence compile case (tools/bench/make_throughput_case.py), the slice
-families' floor (tools/experiments/slice_floor.py), and the alternating timers
+families' floor (tools/experiments/slice_floor.py), what slices buy on the
+bundled teacher (tools/experiments/slice_errors.sh), and the alternating timers
 (tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches.
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
@@ -124,20 +125,31 @@ def slice_floor_is_the_projections_at_peak_over_the_measured_loop():
     # projections alone, 0.010 s, and the loop takes 0.050 s, so the floor is
     # 1 + 0.010 / 0.050 = 1.20; measured 0.075 / 0.050 = 1.50. alpha k = 1
     # against sinkhorn 1: 1 + 0.010 / 0.020 = 1.50, above 1.25 (marked).
+    # With the teacher (sinkhorn 6) at 0.066 s, the best speed-ups at the
+    # floors are 0.066 / (1.20 * 0.050) = 1.10 (below 1.25: starred) and
+    # 0.066 / (1.50 * 0.020) = 2.20.
     def r(op, param, t, b):
         return {"op": op, "param": param, "n": 17, "B": 16, "H": 4, "median_s": t, "bound_s": b}
     blocks = [{"policy": "active", "d": 16, "slices": 0, "results": [r("sinkhorn", 1, 0.02, 0.004)]},
               {"policy": "active", "d": 16, "slices": 16, "machine": {"cpu": "test cpu", "threads": 2},
                "results": [r("sinkhorn", 4, 0.050, 0.010), r("asap_s3", 1, 0.075, 0.020),
-                           r("sinkhorn", 1, 0.020, 0.004), r("asap", 1, 0.040, 0.014)]}]
+                           r("sinkhorn", 1, 0.020, 0.004), r("asap", 1, 0.040, 0.014),
+                           r("sinkhorn", 6, 0.066, 0.014)]}]
     tool = os.path.join(TOOLS, "experiments", "slice_floor.py")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "overhead.json")
         with open(path, "w") as f:
             json.dump(blocks, f)
         out = subprocess.run([sys.executable, tool, path], capture_output=True, text=True, check=True).stdout
-        assert "asap_s3_1 1.50/1.20 " in out + " ", out
-        assert "asap_1 2.00/1.50!" in out, out
+        assert "asap_s3_1 1.50/1.20 (1.10x*)" in out, out
+        assert "asap_1 2.00/1.50! (2.20x)" in out, out
+        assert "best speed-up over T = 6" in out, out
+        # Without the teacher's loop in the run, the cells carry no speed-up.
+        no_teacher = os.path.join(d, "no_teacher.json")
+        with open(no_teacher, "w") as f:
+            json.dump([dict(blocks[1], results=blocks[1]["results"][:4])], f)
+        out = subprocess.run([sys.executable, tool, no_teacher], capture_output=True, text=True, check=True).stdout
+        assert "asap_s3_1 1.50/1.20 " in out + " " and "x*" not in out, out
         assert "d = 16, 16 slices (test cpu, 2 threads)" in out, out
         bad = os.path.join(d, "bad.json")
         with open(bad, "w") as f:
@@ -146,6 +158,33 @@ def slice_floor_is_the_projections_at_peak_over_the_measured_loop():
         assert e.returncode != 0 and "expected a list of blocks" in e.stderr and "bad.json" in e.stderr, e.stderr
         e = subprocess.run([sys.executable, tool, os.path.join(d, "missing.json")], capture_output=True, text=True)
         assert e.returncode != 0 and "cannot read" in e.stderr and "missing.json" in e.stderr, e.stderr
+
+
+@test
+def slice_errors_prints_every_fitted_prefix_per_layer_and_target():
+    # On the bundled ViT, with a bank of 16: both layers, the closure-ready
+    # fits with an error per k (k = 1..3 within the 4-pass budget of T = 6),
+    # the k-matched ones with their own k only, and the slice-free prefix.
+    asapc = os.environ.get("ASAPC") or os.path.join(REPO, "build", "asapc")
+    assert os.path.exists(asapc), f"no asapc at {asapc} (set ASAPC)"
+    tool = os.path.join(TOOLS, "experiments", "slice_errors.sh")
+    env = dict(os.environ, ASAPC=asapc)
+    r = subprocess.run([tool, os.path.join(REPO, "calib_data", "vit_mnist_t6"), "slices+alpha+softmax", "16"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("slices+alpha+softmax: held-out attention error by slice count"), lines[0]
+    layers = [l for l in lines if not l.startswith(" ") and l != lines[0]]
+    assert layers == ["transformer.layers.0.0.fn", "transformer.layers.1.0.fn"], layers
+    ready = [l for l in lines if "closure-ready per-head L =   0:" in l]
+    matched = [l for l in lines if l.strip().startswith("k-matched") and "L =  16:" in l]
+    assert len(ready) == 2 and all(l.count("k=") == 3 and "k=3" in l and "[4]" in l for l in ready), ready
+    assert matched and all(l.count("k=") == 1 for l in matched), matched
+    errors = [float(c.split()[1]) for l in ready for c in l.split("k=")[1:]]
+    assert all(0 < e < 1 for e in errors), errors
+    e = subprocess.run([tool, os.path.join(REPO, "calib_data", "no_such_teacher")], capture_output=True, text=True,
+                       env=env)
+    assert e.returncode != 0 and "no_such_teacher.pt" in e.stderr and "found none" in e.stderr, e.stderr
 
 
 def fake_bench(directory, medians):
