@@ -4,6 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "asap/artifact.h"
 #include "asap/calib.h"
@@ -14,6 +17,7 @@
 #include "asap/teacher.h"
 #include "asap/verify.h"
 #include "compile_fixture.h"
+#include "util/timing.h"
 
 using namespace asap_test;
 
@@ -32,6 +36,34 @@ struct Compiled {
   }
 };
 }  // namespace
+
+TEST_CASE("verify's timer: every layer's operators in each round, the medians back to their layer") {
+  // A fake clock that each call advances by its own cost, except in round 1,
+  // where layer 1's first operator "stalls" for 100 units: round-robin per
+  // round over both layers, the median ignores the stall.
+  double clock = 0;
+  std::vector<std::string> calls;
+  int round = -1;  // the warm-up round is -1
+  auto op = [&](const std::string& name, double cost, bool first) {
+    return [&, name, cost, first] {
+      if (first) ++round;
+      calls.push_back(name);
+      clock += cost + (name == "L1.a" && round == 1 ? 100 : 0);
+    };
+  };
+  const std::vector<std::vector<std::function<void()>>> groups = {{op("L0.a", 1, true), op("L0.b", 2, false)},
+                                                                  {op("L1.a", 3, false), op("L1.b", 4, false)}};
+  const auto lat = asap::detail::time_groups_round_robin(groups, 1, 3, [&] { return clock; });
+  REQUIRE(lat.size() == 2);
+  CHECK(lat[0] == std::vector<double>{1, 2});
+  CHECK(lat[1] == std::vector<double>{3, 4});
+  // One warm-up round and three timed rounds, each calling every layer's
+  // operators (timed layer by layer, a slow stretch hits one layer only).
+  const std::vector<std::string> round_calls = {"L0.a", "L0.b", "L1.a", "L1.b"};
+  REQUIRE(calls.size() == 16);
+  for (size_t r = 0; r < 4; ++r)
+    CHECK(std::vector<std::string>(calls.begin() + 4 * r, calls.begin() + 4 * r + 4) == round_calls);
+}
 
 TEST_CASE("verify: JSON has every metric for every layer and operator") {
   Compiled c;

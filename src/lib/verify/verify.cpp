@@ -5,8 +5,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "asap/calib.h"
 #include "asap/checkpoint.h"
@@ -40,6 +42,57 @@ json metrics_json(const FidelityMetrics& m) {
               {"plan_zero_share", m.plan_zero_share},
               {"dual_rmse", m.dual_rmse},
               {"terms", m.terms}};
+}
+
+// One layer's operators, timed once every layer is verified: its first batch,
+// its teacher and reduced-budget loops as stored layers, and one call per
+// operator in the order of LayerVerification::operators.
+struct LayerTiming {
+  size_t layer = 0;  // index into VerifyResult::layers
+  HeadBatch batch;
+  std::vector<CompiledLayer> loops;
+  std::vector<std::function<void()>> fns;
+};
+
+int64_t batch_bytes(const HeadBatch& b) {
+  int64_t n = 0;
+  for (const at::Tensor* t : {&b.q, &b.k, &b.v, &b.mask})
+    if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+  return n;
+}
+constexpr int64_t kMaxKeptTimingBytes = int64_t{256} << 20;
+
+// Every layer's operators in one round-robin, so that a stretch in which
+// the machine runs slower (another process, a busy neighbour of a virtual
+// machine) hits every layer alike: timed layer by layer, two identical
+// layers of the bundled ViT came out at 1.23x and 1.30x in one run. Then
+// the break-even call counts, which need the latencies.
+// Empties `timings`.
+void time_layers(std::vector<std::unique_ptr<LayerTiming>>& timings, const VerifyOptions& opt, VerifyResult& res) {
+  if (timings.empty()) return;
+  std::vector<std::vector<std::function<void()>>> groups;
+  size_t count = 0;
+  for (const auto& t : timings) groups.push_back(t->fns), count += t->fns.size();
+  int repeats = opt.repeats;
+  if (repeats <= 0) {  // about 50 ms of timing per operator, 5 to 41 rounds
+    const double t0 = detail::steady_seconds();
+    for (const auto& g : groups)
+      for (const auto& f : g) f();
+    const double round = detail::steady_seconds() - t0;
+    repeats = detail::repeats_for(round / static_cast<double>(count), 0.05, 5, 41);
+  }
+  const auto lat = detail::time_groups_round_robin(groups, opt.warmup, repeats);
+  for (size_t g = 0; g < timings.size(); ++g) {
+    LayerVerification& lv = res.layers[timings[g]->layer];
+    for (size_t i = 0; i < lv.operators.size(); ++i) lv.operators[i].latency_s = lat[g][i];
+    const OperatorResult& teacher = lv.operators[0];
+    const OperatorResult* def = &teacher;
+    for (const auto& o : lv.operators)
+      if (o.is_default) def = &o;
+    if (lv.fit_time_s > 0 && teacher.latency_s > def->latency_s)
+      lv.break_even_calls = lv.fit_time_s / (teacher.latency_s - def->latency_s);
+  }
+  timings.clear();
 }
 
 }  // namespace
@@ -127,6 +180,8 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
   const std::vector<const CompiledLayer*> layers = detail::select_by_name(
       art.layers, opt.layers, [](const CompiledLayer& l) { return l.spec.name; },
       [&](const std::string& n) { return str("artifact '", artifact_path, "' has no layer '", n, "'"); });
+  std::vector<std::unique_ptr<LayerTiming>> timings;
+  int64_t pending_bytes = 0;
   for (const CompiledLayer* L : layers) {
     const LayerSpec& s = L->spec;
     const Convention conv = convention_of(s);
@@ -239,62 +294,57 @@ VerifyResult verify(const Artifact& art, const std::string& artifact_path, const
       head_terms = v[o];
     }
     // Latencies on the first batch, from per-head q, k, v to head outputs
-    // (rank 0's, in a distributed verify).
-    // Operators are timed round-robin so that load drift hits all alike.
-    const auto& tb = timed;
-    res.timed_batch = tb.q.defined() ? tb.q.size(0) : 0;
-    std::vector<std::function<void()>> fns;
+    // (rank 0's, in a distributed verify), timed after the last layer.
     // The teacher and the loops run through run_layer as a deployed model
     // runs a layer that stores them (with its input checks and NaN pass),
     // as compile times them: run_teacher alone left that pass to the maps,
     // which made them look 2-3% slower at n = 17 than compile measured.
-    std::vector<CompiledLayer> loops(static_cast<size_t>(Tmax) + 1);
+    res.timed_batch = timed.q.defined() ? timed.q.size(0) : 0;
+    auto tm = std::make_unique<LayerTiming>();
+    tm->layer = res.layers.size();
+    tm->batch = timed;
+    tm->loops.resize(static_cast<size_t>(Tmax) + 1);
     for (int t = 0; t <= Tmax; ++t) {
-      CompiledLayer& c = loops[static_cast<size_t>(t)];
+      CompiledLayer& c = tm->loops[static_cast<size_t>(t)];
       c.spec = L->spec;
       c.kind = t == 0 ? OperatorKind::kTeacher : OperatorKind::kSinkhorn;
       c.sinkhorn_steps = t;
       c.coef = at::zeros({1, 0}, at::kDouble);
     }
-    auto run_loop = [&](int t) { run_layer(loops[static_cast<size_t>(t)], tb.q, tb.k, tb.v, tb.mask); };
+    const LayerTiming* tp = tm.get();
+    auto run_loop = [tp](int t) {
+      const HeadBatch& b = tp->batch;
+      run_layer(tp->loops[static_cast<size_t>(t)], b.q, b.k, b.v, b.mask);
+    };
     lv.operators.push_back({"teacher", s.T, s.T, L->kind == OperatorKind::kTeacher, true, teacher_acc.result(), -1});
-    fns.push_back([&] { run_loop(0); });
+    tm->fns.push_back([run_loop] { run_loop(0); });
     for (int k = 1; k <= K; ++k) {
       lv.operators.push_back({"asap", k, lse_passes(L->family, k), k == L->default_closures,
                               (k % 2 == 1) == (s.T % 2 == 0), asap_acc[k - 1].result(), -1});
-      fns.push_back([&, k] {
+      tm->fns.push_back([tp, L, k] {
         RunOptions ro;
         ro.closures = k;
-        run_layer(*L, tb.q, tb.k, tb.v, tb.mask, ro);
+        const HeadBatch& b = tp->batch;
+        run_layer(*L, b.q, b.k, b.v, b.mask, ro);
       });
     }
     for (int Tp = 1; Tp <= Tmax; ++Tp) {
       lv.operators.push_back({"sinkhorn", Tp, Tp, L->kind == OperatorKind::kSinkhorn && Tp == L->sinkhorn_steps,
                               (Tp % 2) == (s.T % 2), sink_acc[Tp - 1].result(), -1});
-      fns.push_back([&, Tp] { run_loop(Tp); });
+      tm->fns.push_back([run_loop, Tp] { run_loop(Tp); });
     }
-    if (opt.time && tb.q.defined() && (!comm || comm->rank() == 0)) {
-      int repeats = opt.repeats;
-      if (repeats <= 0) {  // about 50 ms of timing per operator, 5 to 41 rounds
-        const auto t0 = std::chrono::steady_clock::now();
-        for (auto& f : fns) f();
-        const double round = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        repeats = detail::repeats_for(round / static_cast<double>(fns.size()), 0.05, 5, 41);
-      }
-      const auto lat = detail::time_round_robin(fns, opt.warmup, repeats);
-      for (size_t i = 0; i < fns.size(); ++i) lv.operators[i].latency_s = lat[i];
+    if (opt.time && timed.q.defined() && (!comm || comm->rank() == 0)) {
+      pending_bytes += batch_bytes(timed);
+      timings.push_back(std::move(tm));
     }
-    const OperatorResult& teacher = lv.operators[0];
     for (int64_t h = 0; h < s.heads; ++h)
       lv.per_head_attention_error.push_back(head_terms > 0 ? head_num[h] / head_terms : 0);
-    const OperatorResult* defp = &lv.operators[0];
-    for (const auto& o : lv.operators)
-      if (o.is_default) defp = &o;
-    const OperatorResult& def = *defp;
-    if (opt.time && lv.fit_time_s > 0 && teacher.latency_s > def.latency_s)
-      lv.break_even_calls = lv.fit_time_s / (teacher.latency_s - def.latency_s);
     res.layers.push_back(std::move(lv));
+    // Large models: the kept batches stay within kMaxKeptTimingBytes, the
+    // layers timed in groups.
+    if (pending_bytes > kMaxKeptTimingBytes) time_layers(timings, opt, res), pending_bytes = 0;
   }
+  time_layers(timings, opt, res);
   return res;
 }
 
