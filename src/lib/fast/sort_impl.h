@@ -238,7 +238,7 @@ inline void cex_reg(V& a, V& b) {
 
 // The comparators of Net (Net::pairs, a NetPairs) on r[], unrolled.
 template <class Net, class V, size_t... I>
-inline void net_apply(V* r, std::index_sequence<I...>) {
+inline void net_apply([[maybe_unused]] V* r, std::index_sequence<I...>) {  // (m = 1: no comparators)
   (cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), ...);
 }
 
@@ -629,11 +629,11 @@ template <class Net>
 struct Rec {
   static constexpr int N = Net::pairs.n;
   template <size_t... I>
-  static void sort(I32* r, SwapMask* sw, std::index_sequence<I...>) {
+  static void sort([[maybe_unused]] I32* r, [[maybe_unused]] SwapMask* sw, std::index_sequence<I...>) {
     ((sw[I] = swaps(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]]), cex_reg(r[Net::pairs.lo[I]], r[Net::pairs.hi[I]])), ...);
   }
   template <size_t... I>
-  static void unsort(F* r, const SwapMask* sw, std::index_sequence<I...>) {
+  static void unsort([[maybe_unused]] F* r, [[maybe_unused]] const SwapMask* sw, std::index_sequence<I...>) {
     (swap_where(sw[N - 1 - I], r[Net::pairs.lo[N - 1 - I]], r[Net::pairs.hi[N - 1 - I]]), ...);
   }
 };
@@ -659,6 +659,9 @@ struct BitonicMerge {
 };
 using RecMerge = Rec<BitonicMerge>;
 constexpr int kMergeSwaps = kHalf + 2 * RecMerge::N;  // per vector column: half-cleaner, both halves
+static_assert(2 * kRegNetMaxComps + kMergeSwaps == detail::kRecordedSwapsMax,
+              "sortnet_work_bytes sizes the recorded swaps of these networks");
+static_assert(sizeof(SwapMask) <= static_cast<size_t>(4 * W32), "a swap mask takes at most 4 bytes a lane");
 
 // Rows r[i] = p[i * ld] and back, i < M, expanded at compile time: as
 // loops over the contiguous rows of QS, KS and PH, GCC turned the stores of

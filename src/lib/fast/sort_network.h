@@ -128,14 +128,20 @@ void set_sort_path(SortPath p);
 bool use_network(const char* isa, bool f64, int64_t L, int64_t m);
 
 // Bytes of scratch that sort_lanes and slice_block need.
+// The most swaps the float32 networks of m <= 64 keys record per lane: both
+// halves' networks (191 comparators each, Batcher's count for 32) and their
+// merge (a 32-row half-cleaner, then a 32-row bitonic merge of 80
+// comparators per half). sort_impl.h checks it against its own networks.
+constexpr int kRecordedSwapsMax = 2 * 191 + 32 + 2 * 80;
+
 inline size_t sortnet_work_bytes(int64_t m, int64_t nR) {
   // Per element of a lane: the query and key words (at most 24 bytes, float64),
   // for rows that are not keys the sorted values and u (24 bytes); per row of
-  // R the column values (float64); the swaps that the float32 networks of
-  // m <= 64 record (at most 191 + 191 for the halves and 32 + 2 * 80 for
-  // their merge, 4 bytes a lane); slack for alignment.
+  // R the column values (float64); the recorded swaps (kRecordedSwapsMax,
+  // 4 bytes a lane); slack for alignment.
   const size_t per = static_cast<size_t>(kSortLanes);
-  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 + 574 * per * 4 + 16 * 64;
+  return static_cast<size_t>(m) * per * 48 + static_cast<size_t>(nR + 8) * per * 8 +
+         static_cast<size_t>(kRecordedSwapsMax) * per * 4 + 16 * 64;
 }
 
 }  // namespace detail
