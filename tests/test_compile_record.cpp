@@ -3,6 +3,7 @@
 // returns being the one the artifact stores and `asapc compile --json` prints.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -511,6 +512,7 @@ TEST_CASE("compile record: --layer-weights, --model-error sum and --latency-nois
   o.layer_weights = {3.0, 0.5};
   o.model_error = asap::ModelErrorKind::kSum;
   o.latency_noise = 0.0;
+  o.guard = 0;  // the budget alone (the weighted sum is over the default guard; its own test is below)
   const auto r =
       asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
                             root + "/calib_data/vit_mnist_t6.calib.h5", o);
@@ -528,4 +530,55 @@ TEST_CASE("compile record: --layer-weights, --model-error sum and --latency-nois
     sum += o.layer_weights[i] * L.chosen.heldout_attention_error / L.sinkhorn_heldout_attention_error.at(0);
   }
   CHECK(m.model_error == doctest::Approx(sum));
+}
+
+TEST_CASE("compile record: --guard replaces a budget choice far from the teachers, says so, and round-trips") {
+  // The bundled ViT's recorded latencies at 1.8x: only operators about as far
+  // from the teacher as plain softmax fit. The guard (0.25 of softmax's
+  // error, the default) stores the fastest choice within it instead.
+  const json expect = bundled_vit_choice();
+  const std::string root = ASAP_SOURCE_DIR;
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
+  asap::CompileOptions o;
+  o.latency = asap::latency_table_from_file(dir / "lat.json");
+  o.latency_noise = 0.0;
+  o.min_speedup = 1.8;
+  REQUIRE(o.guard == doctest::Approx(0.25));
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  const std::string pt = root + "/calib_data/vit_mnist_t6.pt", spec = root + "/calib_data/vit_mnist_t6.spec.json",
+                    calib = root + "/calib_data/vit_mnist_t6.calib.h5";
+  const auto r = asap::compile_teacher(pt, spec, calib, o);
+  REQUIRE(r.summary.model_budget);
+  const auto& m = *r.summary.model_budget;
+  REQUIRE(m.unguarded_error);
+  CHECK(*m.unguarded_error > 0.25);
+  CHECK(*m.unguarded_speedup >= 1.8);
+  CHECK(m.model_error <= 0.25);
+  CHECK(m.speedup < 1.8);
+  CHECK_FALSE(m.target_met);
+  CHECK(*m.guard == doctest::Approx(0.25));
+  const auto said = std::count_if(warnings.begin(), warnings.end(), [](const std::string& w) {
+    return w.find("over --guard 0.25") != std::string::npos;
+  });
+  CHECK(said == 1);
+  for (const auto& L : r.summary.layers) CHECK(L.decision.find("within the guard") != std::string::npos);
+  // The record as the artifact stores it.
+  const asap::ModelBudgetRecord back = json(m).get<asap::ModelBudgetRecord>();
+  CHECK(*back.unguarded_error == doctest::Approx(*m.unguarded_error));
+  CHECK(*back.unguarded_speedup == doctest::Approx(*m.unguarded_speedup));
+  CHECK(*back.guard == doctest::Approx(0.25));
+
+  // --guard 0: the budget's own choice, far from the teachers, and no warning.
+  o.guard = 0;
+  warnings.clear();
+  const auto off = asap::compile_teacher(pt, spec, calib, o);
+  const auto& mo = *off.summary.model_budget;
+  CHECK(mo.target_met);
+  CHECK(mo.speedup >= 1.8);
+  CHECK(mo.model_error == doctest::Approx(*m.unguarded_error));
+  CHECK_FALSE(mo.unguarded_error);
+  CHECK_FALSE(mo.guard);
+  for (const auto& w : warnings) CHECK(w.find("--guard") == std::string::npos);
 }

@@ -80,9 +80,11 @@ cd::ChoiceOptions speedup(double s) {
   o.min_speedup = s;
   return o;
 }
+// A strict budget: no noise margin, no guard (the tests of the guard set it).
 cd::ModelChoiceOptions strict() {
   cd::ModelChoiceOptions mo;
   mo.noise = 0;
+  mo.guard = 0;
   return mo;
 }
 
@@ -141,6 +143,7 @@ TEST_CASE("model budget: the accurate map goes to the layer whose error dominate
 TEST_CASE("model budget: the choice is the brute-force optimum over every assignment (random layers)") {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0, 1);
+  int within_guard = 0, over_guard = 0;  // trials of each kind: both must occur
   for (int trial = 0; trial < 150; ++trial) {
     const int n_layers = 1 + static_cast<int>(rng() % 3);
     std::vector<Layer> layers(static_cast<size_t>(n_layers));
@@ -163,13 +166,16 @@ TEST_CASE("model budget: the choice is the brute-force optimum over every assign
     const double s = 1.05 + 0.6 * u(rng);
     auto in = inputs(layers);
     const auto mc = cd::choose_for_model(in, speedup(s), strict());
-    // Brute force: every assignment within the budget; the least largest normalized error.
-    const double budget = 6.0 * n_layers / s;
-    double best = std::numeric_limits<double>::infinity();
+    // Brute force: every assignment within the budget; the least largest
+    // normalized error. And for the guard: the least latency of those
+    // whose largest normalized error is within it.
+    const double budget = 6.0 * n_layers / s, guard = 0.1 + 0.3 * u(rng);
+    double best = std::numeric_limits<double>::infinity(), fastest_guarded = best;
     std::vector<size_t> pick(static_cast<size_t>(n_layers), 0);
     std::function<void(size_t, double, double)> go = [&](size_t l, double lat, double err) {
       if (l == pick.size()) {
         if (lat <= budget * (1 + 1e-12)) best = std::min(best, err);
+        if (err <= guard) fastest_guarded = std::min(fastest_guarded, lat);
         return;
       }
       const auto& c = layers[l].cands;
@@ -188,7 +194,26 @@ TEST_CASE("model budget: the choice is the brute-force optimum over every assign
     double total = 0;
     for (size_t l = 0; l < layers.size(); ++l) total += layers[l].lat.seconds.at(chosen(layers, mc, l).op.key());
     CHECK(total == doctest::Approx(mc.record.total_s));
+    // With the guard: the budget's choice when it is within the guard, else
+    // the fastest within it (the teachers, error 0, always are).
+    auto mo = strict();
+    mo.guard = guard;
+    const auto g = cd::choose_for_model(in, speedup(s), mo);
+    CAPTURE(guard);
+    if (best <= guard) {
+      ++within_guard;
+      CHECK(g.record.target_met);
+      CHECK(g.record.model_error == doctest::Approx(best).epsilon(1e-12));
+    } else {
+      ++over_guard;
+      CHECK_FALSE(g.record.target_met);
+      CHECK(g.record.model_error <= guard);
+      CHECK(g.record.total_s == doctest::Approx(fastest_guarded).epsilon(1e-12));
+      CHECK(*g.record.unguarded_error == doctest::Approx(best).epsilon(1e-12));
+    }
   }
+  CHECK(within_guard >= 20);
+  CHECK(over_guard >= 20);
 }
 
 TEST_CASE("model budget: a layer whose error dominates keeps its choice when the others' weights change") {
@@ -364,4 +389,61 @@ TEST_CASE("model budget: an operator chosen on a lucky timing is timed again and
   CHECK(mc.record.total_s <= 9.6 + 1e-12);
   for (const auto& c : lucky[0].cands)
     if (c.op.key() == key) CHECK(c.latency == doctest::Approx(5.9));
+}
+
+TEST_CASE("model budget: a choice far from its teacher is not stored for speed: the fastest within --guard is") {
+  // One layer (softmax's error 1.0): within 1.25x (4.8 s) the best is
+  // Sinkhorn T' = 4 at 0.5, half of softmax's error. Over the guard of 0.25,
+  // the fastest operator within it is stored: the 4-pass map at 0.1 (5.2 s),
+  // slower than the budget but faster than the teacher.
+  std::vector<Layer> layers(1);
+  fill(layers[0], "far", {1.0, 0.9, 0.6, 0.5, 0.4});
+  layers[0].add(map_op(0, 1, 0.8), 2.2);
+  layers[0].add(map_op(0, 3, 0.1), 5.2);
+  auto in = inputs(layers);
+  cd::ModelChoiceOptions mo;
+  REQUIRE(mo.guard == doctest::Approx(0.25));  // the default
+  mo.noise = 0;
+  const auto mc = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, mc, 0).name == map_op(0, 3, 0).name);
+  CHECK_FALSE(mc.record.target_met);
+  CHECK_FALSE(mc.layers[0].target_met);
+  REQUIRE(mc.record.unguarded_error);
+  CHECK(*mc.record.unguarded_error == doctest::Approx(0.5));
+  CHECK(*mc.record.unguarded_speedup == doctest::Approx(6.0 / 4.0));
+  CHECK(*mc.record.guard == doctest::Approx(0.25));
+  CHECK(mc.record.speedup == doctest::Approx(6.0 / 5.2));
+  CHECK(mc.layers[0].decision.find("over --guard 0.25") != std::string::npos);
+  CHECK(mc.layers[0].decision.find("at 1.50x") != std::string::npos);
+
+  // --guard 0: the budget's own choice, and no trace of the guard.
+  mo.guard = 0;
+  const auto off = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, off, 0).name == "sinkhorn T'=4");
+  CHECK(off.record.target_met);
+  CHECK_FALSE(off.record.unguarded_error);
+  CHECK_FALSE(off.record.guard);
+  // A guard the budget's choice meets changes nothing.
+  mo.guard = 0.6;
+  const auto loose = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, loose, 0).name == "sinkhorn T'=4");
+  CHECK(loose.record.target_met);
+  CHECK_FALSE(loose.record.unguarded_error);
+
+  // Nothing but the teacher within the guard: the teacher is stored.
+  mo.guard = 0.25;
+  layers[0].cands.back().error = 0.3;
+  const auto teacher = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(teacher.layers[0].index == 0);
+  CHECK(teacher.record.speedup == doctest::Approx(1.0));
+  CHECK_FALSE(teacher.record.target_met);
+
+  // No selectable operator within the guard (ASAP maps only, as under
+  // --no-zero-parameter): the budget's choice is kept.
+  for (auto& c : layers[0].cands)
+    if (c.op.kind != OperatorKind::kAsap) c.selectable = false;
+  const auto maps = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, maps, 0).name == map_op(0, 1, 0).name);
+  CHECK(maps.record.target_met);
+  CHECK_FALSE(maps.record.unguarded_error);
 }

@@ -121,6 +121,7 @@ struct CompileOptions {
   ModelErrorKind model_error = ModelErrorKind::kMax;  // --model-error (budget model)
   std::vector<double> layer_weights;                  // --layer-weights: one per compiled layer (empty: all 1)
   double latency_noise = -1;                          // --latency-noise: relative margin (< 0: measured)
+  double guard = 0.25;                                // --guard: bound on the budget's model error (0: off)
   int64_t deploy_batch = 16;                          // examples per call at which latency is measured
   std::shared_ptr<LatencyModel> latency;              // null: measure the fused operators here
   bool zero_parameter_operators = true;               // Sinkhorn T' < T and the teacher are candidates

@@ -193,6 +193,10 @@ struct ModelBudgetRecord {
   std::optional<double> noise_measured;  // the spread of repeated timings (absent: given or a table)
   bool within_noise = false;             // the choice needs the margin
   bool target_met = false;
+  std::optional<double> guard;  // --guard in force (absent: off, or not a speed budget)
+  // Present when the guard replaced the budget's choice: that choice's model
+  // error and speed-up.
+  std::optional<double> unguarded_error, unguarded_speedup;
 };
 
 // One layer's record: the compile summary's entry and the artifact's fit record.

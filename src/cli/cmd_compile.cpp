@@ -113,6 +113,10 @@ void print_model_line(const asap::ModelBudgetRecord& m) {
     if (m.within_noise) {
       std::snprintf(buf, sizeof buf, " (met within the timing noise of %.1f%%)", 100 * m.noise_margin);
       std::cout << buf;
+    } else if (m.unguarded_error) {
+      std::snprintf(buf, sizeof buf, " (not met: its best choice, %.2fx, has model error %.3g, over --guard %.3g)",
+                    m.unguarded_speedup.value_or(0), *m.unguarded_error, m.guard.value_or(0));
+      std::cout << buf;
     } else if (!m.target_met) {
       std::cout << " (not met)";
     }
@@ -222,6 +226,11 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--latency-noise", o.latency_noise,
                 "relative margin by which the model may exceed its latency budget (default: the spread of repeated "
                 "timings, at least 2% and at most 10%; 0: a strict budget)");
+  c->add_option("--guard", o.guard,
+                "under the speed budget, the largest model error (each layer's held-out attention error over its "
+                "plain-softmax error) the budget's choice may leave; over it, compile stores the fastest choice "
+                "within it and warns (0: off)")
+      ->capture_default_str();
   c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
       ->capture_default_str();
   c->add_option("--latency-table", a->latency_table,
@@ -269,6 +278,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                          {"--deploy-batch", Takes::kPositiveInt},
                          {"--layer-weights", Takes::kPositive},
                          {"--latency-noise", Takes::kNonNegative},
+                         {"--guard", Takes::kNonNegative},
                          {"--selection-examples", Takes::kNonNegativeInt},
                          {"--batch-size", Takes::kPositiveInt},
                          {"--heldout-fraction", Takes::kNonNegative},

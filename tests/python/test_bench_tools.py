@@ -221,5 +221,25 @@ def build_ab_and_pair_ratios_print_the_least_medians_and_their_ratio():
         r = subprocess.run([pr, "17", "16", "1", "0", "bad"], capture_output=True, text=True, env=env)
         assert r.returncode == 2 and "expected A:B, found 'bad'" in r.stderr, r.stderr
 
+
+@test
+def released_vit_refuses_missing_files_and_unknown_configs():
+    # tools/experiments/released_vit.{py,sh}: the files they need are named
+    # when missing, an unknown --config is refused, and nothing is trained.
+    py = os.path.join(TOOLS, "experiments", "released_vit.py")
+    with tempfile.TemporaryDirectory() as d:
+        missing = os.path.join(d, "nope.pt")
+        r = subprocess.run([sys.executable, py, "agree", missing, os.path.join(d, "a.asap.h5")],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "expected the file '%s'" % missing in r.stderr, (r.returncode, r.stderr)
+        r = subprocess.run([sys.executable, py, "agree", missing, "x", "--config", "vit9"], capture_output=True,
+                           text=True)
+        assert r.returncode != 0 and "--config expects one of released, p4, found 'vit9'" in r.stderr, r.stderr
+        sh = os.path.join(TOOLS, "experiments", "released_vit.sh")
+        r = subprocess.run([sh, d], capture_output=True, text=True,
+                           env=dict(os.environ, ASAPC=os.path.join(d, "no-asapc")))
+        assert r.returncode == 2 and "expected the asapc binary" in r.stderr, r.stderr
+        assert os.listdir(d) == [], os.listdir(d)
+
 if __name__ == "__main__":
     sys.exit(run(sys.argv[1:]))

@@ -668,7 +668,9 @@ def curve_section(r, image=None):
     if not c:
         return []
     L = ["### Agreement against speed-up", "",
-         "One artifact per `asapc compile --min-speedup S` (and `--objective fidelity`, the most "
+         "One artifact per `asapc compile --min-speedup S --guard 0` (the budget's own choice, "
+         "however far from the teacher; `1.25` is the default artifact above, fidelity guard "
+         "included) and `--objective fidelity` (the most "
          "accurate map within T − 2 passes whatever its speed), each verified by `asapc verify` on "
          "the held-out file; the compiled model (each layer's stored operator) evaluated on the "
          "%d test examples. *Speed-up* is the slowest layer's, teacher latency over the stored "

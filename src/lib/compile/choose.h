@@ -108,6 +108,11 @@ struct ModelChoiceOptions {
   // of repeated timings of the frontier operators, within [floor, cap].
   double noise = -1;
   double noise_floor = 0.02, noise_cap = 0.10;
+  // Under Objective::kMinSpeedup: when the budget's choice has a model error
+  // above `guard` (> 0), the fastest choice whose model error is at most
+  // `guard` replaces it (the teacher, error 0, always is one), and the record
+  // keeps what the budget would have stored. 0: no guard.
+  double guard = 0.25;
 };
 
 struct ModelChoice {

@@ -150,6 +150,8 @@ Setup validate_options(const CompileOptions& opt) {
                opt.max_error);
   for (double w : opt.layer_weights)
     ASAP_CHECK(std::isfinite(w) && w > 0, "--layer-weights must be finite numbers > 0, found ", w);
+  ASAP_CHECK(std::isfinite(opt.guard) && opt.guard >= 0, "--guard must be a finite number >= 0 (0: off), found ",
+             opt.guard);
   ASAP_CHECK(std::isnan(opt.latency_noise) == false && opt.latency_noise < 1,
              "--latency-noise must be a fraction below 1 (e.g. 0.02), found ", opt.latency_noise);
   Setup u;
@@ -321,6 +323,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"model_error", model_error_name(opt.model_error)},
               {"layer_weights", opt.layer_weights},
               {"latency_noise", opt.latency_noise},
+              {"guard", opt.guard},
               {"deploy_batch", opt.deploy_batch},
               {"latency", opt.latency ? opt.latency->describe() : json("measured")},
               {"zero_parameter_operators", opt.zero_parameter_operators},
@@ -781,6 +784,7 @@ std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_pt
     ModelChoiceOptions mo;
     mo.error = opt.model_error;
     mo.noise = opt.latency_noise;
+    mo.guard = opt.guard;
     if (opt.progress) opt.progress({"model", "latency", 0, 1});
     ModelChoice mc = choose_for_model(ml, choice_options(opt, work[0]->budget), mo);
     if (opt.progress) opt.progress({"model", "latency", 1, 1});
@@ -790,6 +794,14 @@ std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_pt
       idx[l] = mc.layers[l].index;
     }
     rec = mc.record;
+    if (rec->unguarded_error && opt.warn)
+      opt.warn(str("the ", times(opt.min_speedup), " budget's best choice (", times(*rec->unguarded_speedup),
+                   ") leaves the model at ", fmt(*rec->unguarded_error),
+                   " of plain softmax's attention error, over --guard ", fmt(opt.guard),
+                   ", so compile stores the "
+                   "fastest choice within the guard (",
+                   times(rec->speedup),
+                   "); --guard 0 stores the budget's choice, --objective fidelity the most accurate maps"));
   }
   if (comm) {
     const auto tc = Clock::now();

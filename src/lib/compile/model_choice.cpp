@@ -250,7 +250,11 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
     break;
   }
   d += " -- " + times(r.speedup) + " for the model";
-  if (o.objective == Objective::kMinSpeedup) {
+  if (o.objective == Objective::kMinSpeedup && r.unguarded_error) {
+    d += " (budget " + times(o.min_speedup) + " not met: its best choice, at " + times(*r.unguarded_speedup) +
+         ", leaves the model at " + fmt(*r.unguarded_error) + " of softmax's error, over --guard " + fmt(*r.guard) +
+         "; this is the fastest choice within the guard)";
+  } else if (o.objective == Objective::kMinSpeedup) {
     d += " (budget " + times(o.min_speedup);
     if (r.within_noise) d += ", met within the timing noise of " + fmt(100 * r.noise_margin, 2) + "%";
     d += ")";
@@ -296,14 +300,27 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   }
   double t_sum = 0;
   for (double t : t0) t_sum += t;
+  std::optional<BudgetChoice> unguarded;  // the budget's choice, when the guard replaced it
   auto solve = [&] {
+    unguarded.reset();
     if (!by_speed) return fastest_within_error(bl, o.max_error * (1 + kTieRel), kind_of(mo.error));
     // The budget's own choice, and the one within the noise margin: the
     // latter only when it is kNoiseGain times closer to the teachers, for
     // the model or on a layer (else the margin would just become the budget).
     BudgetChoice strict = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind_of(mo.error));
     BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
-    return noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
+    BudgetChoice b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
+    // The guard: a choice that leaves the model far from its teachers is not
+    // stored for speed; the fastest one within the guard is (the teacher,
+    // with error 0, always is one unless --no-zero-parameter removed it).
+    if (b.feasible && mo.guard > 0 && b.model_error > mo.guard * (1 + kTieRel)) {
+      BudgetChoice g = fastest_within_error(bl, mo.guard * (1 + kTieRel), kind_of(mo.error));
+      if (g.feasible) {
+        unguarded = b;
+        return g;
+      }
+    }
+    return b;
   };
   BudgetChoice b = solve();
   // The chosen operators are timed again before they are stored; a slower
@@ -339,11 +356,16 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   mc.record.noise_margin = margin;
   mc.record.noise_measured = measured;
   mc.record.within_noise = b.within_noise;
-  mc.record.target_met = true;
+  mc.record.target_met = !unguarded;
+  if (by_speed && mo.guard > 0) mc.record.guard = mo.guard;
+  if (unguarded) {
+    mc.record.unguarded_error = unguarded->model_error;
+    mc.record.unguarded_speedup = t_sum / unguarded->latency;
+  }
   for (size_t l = 0; l < layers.size(); ++l) {
     Choice ch;
     ch.index = pick[l];
-    ch.target_met = true;
+    ch.target_met = !unguarded;
     ch.teacher_latency = t0[l];
     ch.latency_calls = timers[l].calls();
     ch.decision = model_decision(layers, bl, of, pick, l, mc.record, o);

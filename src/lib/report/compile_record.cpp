@@ -427,6 +427,9 @@ void to_json(json& j, const ModelBudgetRecord& r) {
   put(j, "min_speedup", r.min_speedup);
   put(j, "max_error", r.max_error);
   put(j, "noise_measured", r.noise_measured);
+  put(j, "guard", r.guard);
+  put(j, "unguarded_error", r.unguarded_error);
+  put(j, "unguarded_speedup", r.unguarded_speedup);
 }
 void from_json(const json& j, ModelBudgetRecord& r) {
   const char* w = "'model_budget'";
@@ -448,6 +451,9 @@ void from_json(const json& j, ModelBudgetRecord& r) {
   r.min_speedup = maybe_num(j, w, "min_speedup");
   r.max_error = maybe_num(j, w, "max_error");
   r.noise_measured = maybe_num(j, w, "noise_measured");
+  r.guard = maybe_num(j, w, "guard");
+  r.unguarded_error = maybe_num(j, w, "unguarded_error");
+  r.unguarded_speedup = maybe_num(j, w, "unguarded_speedup");
 }
 
 const FitCandidateRecord* LayerRecord::find_candidate(const std::string& name) const {

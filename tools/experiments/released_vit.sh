@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The fidelity guard on the released Sinkformer MNIST configuration
+# (tools/experiments/released_vit.py): trains it (about 2.5 min on 2 cores),
+# compiles it three ways -- the default (1.25x budget, --guard 0.25),
+# --guard 0 (the budget's own choice) and --objective fidelity -- and
+# prints each one's decision and its test-split agreement with the teacher.
+#
+#   tools/experiments/released_vit.sh OUT [T] [CONFIG]
+# T: Sinkhorn iterations (default 5, the released default); CONFIG:
+# released (default) or p4 (the n = 50 ViT: patch 4, 2 layers of 4 heads).
+# EPOCHS (default 12) and LR (default 1e-3) of the training; ASAPC (default
+# build/asapc), PYTHON (default /usr/bin/python3).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+out=$1 T=${2:-5} config=${3:-released}
+ASAPC=${ASAPC:-build/asapc}
+PYTHON=${PYTHON:-/usr/bin/python3}
+[ -x "$ASAPC" ] || { echo "released_vit.sh: expected the asapc binary '$ASAPC', found none (build first)" >&2; exit 2; }
+stem="$out/${config}_t$T"
+[ -f "$stem.heldout.h5" ] || "$PYTHON" tools/experiments/released_vit.py train "$out" --T "$T" --config "$config" \
+  --epochs "${EPOCHS:-12}" --lr "${LR:-1e-3}" |
+  grep -E "test-acc|summary"
+arts=()
+for how in default guard0 fidelity; do
+  flags=()
+  [ "$how" = guard0 ] && flags=(--guard 0)
+  [ "$how" = fidelity ] && flags=(--objective fidelity)
+  echo "== asapc compile ${flags[*]:-(defaults)}"
+  "$ASAPC" compile "$stem.pt" --spec "$stem.spec.json" --calib "$stem.calib.h5" -o "$stem.$how.asap.h5" \
+    --no-report "${flags[@]}" 2>&1 | grep -v '^\[' | grep -Ev '^ *[0-9]+%'
+  arts+=("$stem.$how.asap.h5")
+done
+"$PYTHON" tools/experiments/released_vit.py agree "$stem.pt" "${arts[@]}" --config "$config"
