@@ -234,7 +234,7 @@ def released_vit_refuses_missing_files_and_unknown_configs():
         assert r.returncode == 2 and "expected the file '%s'" % missing in r.stderr, (r.returncode, r.stderr)
         r = subprocess.run([sys.executable, py, "agree", missing, "x", "--config", "vit9"], capture_output=True,
                            text=True)
-        assert r.returncode != 0 and "--config expects one of released, p4, found 'vit9'" in r.stderr, r.stderr
+        assert r.returncode != 0 and "--config expects one of released, released4, p4, found 'vit9'" in r.stderr, r.stderr
         sh = os.path.join(TOOLS, "experiments", "released_vit.sh")
         r = subprocess.run([sh, d], capture_output=True, text=True,
                            env=dict(os.environ, ASAPC=os.path.join(d, "no-asapc")))

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The released Sinkformer MNIST configuration (michaelsdr/sinkformers,
 vit-pytorch/one_expe_mnist.py: ViT_only_Att, dim 128, depth 1, heads 1 of
-64, mlp 128, patch 7 so n = 17, n_it = 5, eps 1), or the issue's n = 50 ViT
-(patch 4, our 2 layers of 4 heads of 16), trained here with
+64, mlp 128, patch 7 so n = 17, n_it = 5, eps 1), the same with patch 4
+(n = 50, released4), or the issue's n = 50 ViT (p4: patch 4, our 2 layers of
+4 heads of 16), trained here with
 tools/train/train_teachers.py, and the test-split agreement of compiled
 artifacts with it.
 
-    released_vit.py train OUT [--T 5] [--epochs 12] [--config released|p4]
+    released_vit.py train OUT [--T 5] [--epochs 12] [--config released|released4|p4]
         -> OUT/released_t5.{pt,spec.json,calib.h5,heldout.h5}
-    released_vit.py agree TEACHER.pt ARTIFACT [ARTIFACT ...] [--config released|p4]
+    released_vit.py agree TEACHER.pt ARTIFACT [ARTIFACT ...] [--config ...]
         -> per artifact: test accuracy and agreement with the teacher
 
 Run with Debian's interpreter (${PYTHON:-/usr/bin/python3}); the MNIST
@@ -30,6 +31,8 @@ CONFIGS = {
     # one_expe_mnist.py's model: ViT_only_Att(image_size=28, patch_size=7, dim=128, depth=1, heads=1,
     # mlp_dim=128) with vit-pytorch's default dim_head 64
     "released": dict(dim=128, depth=1, heads=1, dim_head=64, mlp_dim=128, attn_only=True),
+    # the same with --ps 4 (n = 50), one of the patch sizes of run_expe_mnist.py
+    "released4": dict(dim=128, depth=1, heads=1, dim_head=64, mlp_dim=128, attn_only=True, patch_size=4),
     "p4": dict(patch_size=4),
 }
 

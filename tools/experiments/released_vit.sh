@@ -7,12 +7,13 @@
 #
 #   tools/experiments/released_vit.sh OUT [T] [CONFIG]
 # T: Sinkhorn iterations (default 5, the released default); CONFIG:
-# released (default) or p4 (the n = 50 ViT: patch 4, 2 layers of 4 heads).
+# released (default), released4 (the same with patch 4: n = 50) or p4 (the
+# n = 50 ViT of the issue: patch 4, 2 layers of 4 heads of 16).
 # EPOCHS (default 12) and LR (default 1e-3) of the training; ASAPC (default
 # build/asapc), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 out=$1 T=${2:-5} config=${3:-released}
 ASAPC=${ASAPC:-build/asapc}
 PYTHON=${PYTHON:-/usr/bin/python3}

@@ -312,10 +312,15 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     BudgetChoice b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
     // The guard: a choice that leaves the model far from its teachers is not
     // stored for speed; the fastest one within the guard is (the teacher,
-    // with error 0, always is one unless --no-zero-parameter removed it).
+    // with error 0, always is one unless --no-zero-parameter removed it), or
+    // the most accurate within the timing noise of its latency (within the
+    // guard too: at most as far as the fastest).
     if (b.feasible && mo.guard > 0 && b.model_error > mo.guard * (1 + kTieRel)) {
       BudgetChoice g = fastest_within_error(bl, mo.guard * (1 + kTieRel), kind_of(mo.error));
       if (g.feasible) {
+        BudgetChoice close = most_accurate_within(bl, g.latency, margin, kind_of(mo.error));
+        if (close.feasible && close.model_error <= g.model_error) g = close;
+        g.within_noise = false;  // the budget is not met, whatever the margin
         unguarded = b;
         return g;
       }
