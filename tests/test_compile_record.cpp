@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -163,14 +164,17 @@ json bundled_vit_choice() {
   return json::parse(in);
 }
 
-// The bundled ViT compiled with the file's latency table under budget `b`.
-asap::CompileResult compile_bundled_vit(const json& recorded, asap::BudgetScope b) {
+// The bundled ViT compiled with the file's latency table under budget `b`,
+// with the options `adjust` sets.
+asap::CompileResult compile_bundled_vit(const json& recorded, asap::BudgetScope b,
+                                        const std::function<void(asap::CompileOptions&)>& adjust = {}) {
   const std::string root = ASAP_SOURCE_DIR;
   TempDir dir;
   std::ofstream(dir.file("lat.json")) << recorded.at("latency_table").dump();
   asap::CompileOptions o;
   o.latency = asap::latency_table_from_file(dir / "lat.json");
   o.budget = b;
+  if (adjust) adjust(o);
   return asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
                                root + "/calib_data/vit_mnist_t6.calib.h5", o);
 }
@@ -503,23 +507,17 @@ TEST_CASE(
 }
 
 TEST_CASE("compile record: --layer-weights, --model-error sum and --latency-noise reach the model's choice") {
-  const json expect = bundled_vit_choice();
-  const std::string root = ASAP_SOURCE_DIR;
-  TempDir dir;
-  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
-  asap::CompileOptions o;
-  o.latency = asap::latency_table_from_file(dir / "lat.json");
-  o.layer_weights = {3.0, 0.5};
-  o.model_error = asap::ModelErrorKind::kSum;
-  o.latency_noise = 0.0;
-  o.guard = 0;  // the budget alone (the weighted sum is over the default guard; its own test is below)
-  const auto r =
-      asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
-                            root + "/calib_data/vit_mnist_t6.calib.h5", o);
+  const std::vector<double> weights = {3.0, 0.5};
+  const auto r = compile_bundled_vit(bundled_vit_choice(), asap::BudgetScope::kModel, [&](asap::CompileOptions& o) {
+    o.layer_weights = weights;
+    o.model_error = asap::ModelErrorKind::kSum;
+    o.latency_noise = 0.0;
+    o.guard = 0;  // the budget alone (the weighted sum is over the default guard; its own test is below)
+  });
   REQUIRE(r.summary.model_budget);
   const auto& m = *r.summary.model_budget;
   CHECK(m.error == "sum");
-  CHECK(m.weights == std::vector<double>{3.0, 0.5});
+  CHECK(m.weights == weights);
   CHECK(m.noise_margin == 0.0);
   CHECK(!m.noise_measured);
   CHECK(m.total_s <= m.teacher_total_s / 1.25 * (1 + 1e-9));  // a strict budget
@@ -527,7 +525,7 @@ TEST_CASE("compile record: --layer-weights, --model-error sum and --latency-nois
   double sum = 0;
   for (size_t i = 0; i < r.summary.layers.size(); ++i) {
     const auto& L = r.summary.layers[i];
-    sum += o.layer_weights[i] * L.chosen.heldout_attention_error / L.sinkhorn_heldout_attention_error.at(0);
+    sum += weights[i] * L.chosen.heldout_attention_error / L.sinkhorn_heldout_attention_error.at(0);
   }
   CHECK(m.model_error == doctest::Approx(sum));
 }
@@ -536,20 +534,18 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   // The bundled ViT's recorded latencies at 1.8x: only operators about as far
   // from the teacher as plain softmax fit. The guard (0.25 of softmax's
   // error, the default) stores the fastest choice within it instead.
-  const json expect = bundled_vit_choice();
-  const std::string root = ASAP_SOURCE_DIR;
-  TempDir dir;
-  std::ofstream(dir.file("lat.json")) << expect.at("latency_table").dump();
-  asap::CompileOptions o;
-  o.latency = asap::latency_table_from_file(dir / "lat.json");
-  o.latency_noise = 0.0;
-  o.min_speedup = 1.8;
-  REQUIRE(o.guard == doctest::Approx(0.25));
   std::vector<std::string> warnings;
-  o.warn = [&](const std::string& w) { warnings.push_back(w); };
-  const std::string pt = root + "/calib_data/vit_mnist_t6.pt", spec = root + "/calib_data/vit_mnist_t6.spec.json",
-                    calib = root + "/calib_data/vit_mnist_t6.calib.h5";
-  const auto r = asap::compile_teacher(pt, spec, calib, o);
+  double guard = -1;
+  auto at_1_8x = [&](asap::CompileOptions& o) {
+    o.latency_noise = 0.0;
+    o.min_speedup = 1.8;
+    if (guard < 0) guard = o.guard;  // the default
+    o.guard = guard;
+    o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  };
+  const json recorded = bundled_vit_choice();
+  const auto r = compile_bundled_vit(recorded, asap::BudgetScope::kModel, at_1_8x);
+  REQUIRE(guard == doctest::Approx(0.25));
   REQUIRE(r.summary.model_budget);
   const auto& m = *r.summary.model_budget;
   REQUIRE(m.unguarded_error);
@@ -571,9 +567,9 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   CHECK(*back.guard == doctest::Approx(0.25));
 
   // --guard 0: the budget's own choice, far from the teachers, and no warning.
-  o.guard = 0;
+  guard = 0;
   warnings.clear();
-  const auto off = asap::compile_teacher(pt, spec, calib, o);
+  const auto off = compile_bundled_vit(recorded, asap::BudgetScope::kModel, at_1_8x);
   const auto& mo = *off.summary.model_budget;
   CHECK(mo.target_met);
   CHECK(mo.speedup >= 1.8);
