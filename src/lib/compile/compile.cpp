@@ -798,10 +798,10 @@ std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_pt
       opt.warn(str("the ", times(opt.min_speedup), " budget's best choice (", times(*rec->unguarded_speedup),
                    ") leaves the model at ", fmt(*rec->unguarded_error),
                    " of plain softmax's attention error, over --guard ", fmt(opt.guard),
-                   ", so compile stores the "
-                   "fastest choice within the guard (",
+                   ", so compile stores the fastest choice within the guard, up to the timing noise (",
                    times(rec->speedup),
-                   "); --guard 0 stores the budget's choice, --objective fidelity the most accurate maps"));
+                   "); --guard 0 stores the budget's choice, --objective fidelity the most "
+                   "accurate maps"));
   }
   if (comm) {
     const auto tc = Clock::now();

@@ -253,7 +253,7 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
   if (o.objective == Objective::kMinSpeedup && r.unguarded_error) {
     d += " (budget " + times(o.min_speedup) + " not met: its best choice, at " + times(*r.unguarded_speedup) +
          ", leaves the model at " + fmt(*r.unguarded_error) + " of softmax's error, over --guard " + fmt(*r.guard) +
-         "; this is the fastest choice within the guard)";
+         "; this is the fastest choice within the guard, up to the timing noise)";
   } else if (o.objective == Objective::kMinSpeedup) {
     d += " (budget " + times(o.min_speedup);
     if (r.within_noise) d += ", met within the timing noise of " + fmt(100 * r.noise_margin, 2) + "%";
