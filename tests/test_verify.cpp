@@ -65,6 +65,40 @@ TEST_CASE("verify's timer: every layer's operators in each round, the medians ba
     CHECK(std::vector<std::string>(calls.begin() + 4 * r, calls.begin() + 4 * r + 4) == round_calls);
 }
 
+TEST_CASE("verify: a slow stretch of the machine hits every layer alike (one round-robin over the layers)") {
+  // A fake clock: one unit per reading, 10 while the machine is "slow". The
+  // slow stretch covers the first two of five timing rounds. With every
+  // layer's operators in each round, every operator is slow in 2 of 5 rounds
+  // and its median is the fast time. Timed layer by layer, the stretch
+  // would cover most of layer 0's rounds and none of layer 1's.
+  Compiled c;
+  auto art = asap::read_artifact(c.dir / "a.h5");
+  auto ck = asap::load_checkpoint(vit_checkpoint());
+  asap::CalibFile data(c.dir / "heldout.h5");
+  asap::VerifyOptions o;
+  o.repeats = 5;
+  o.warmup = 0;
+  int64_t readings = 0, slow_until = 0;
+  double t = 0;
+  o.clock = [&] {
+    t += readings++ < slow_until ? 10 : 1;
+    return t;
+  };
+  asap::verify(art, c.dir / "a.h5", ck, data, o);  // counts the readings: 2 per timed call
+  const int64_t per_round = readings / 5;
+  REQUIRE(per_round * 5 == readings);
+  readings = 0, t = 0, slow_until = 2 * per_round;
+  const auto res = asap::verify(art, c.dir / "a.h5", ck, data, o);
+  REQUIRE(res.layers.size() == 2);
+  for (const auto& lv : res.layers)
+    for (const auto& op : lv.operators) {
+      CAPTURE(lv.name);
+      CAPTURE(op.kind);
+      CAPTURE(op.steps);
+      CHECK(op.latency_s == doctest::Approx(1.0));
+    }
+}
+
 TEST_CASE("verify: JSON has every metric for every layer and operator") {
   Compiled c;
   auto art = asap::read_artifact(c.dir / "a.h5");

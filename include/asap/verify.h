@@ -31,6 +31,8 @@ struct VerifyOptions {
   std::vector<std::string> layers;  // empty: every artifact layer
   std::function<bool(int64_t)> example_filter;  // which data examples to use (default: all)
   std::function<void(const ProgressEvent&)> progress;
+  // Seconds for the latencies (default: the steady clock); tests pass their own.
+  std::function<double()> clock;
   // Set: this process is one rank of a distributed verify (asap/dist.h):
   // each rank runs its share of the examples, sums are reduced, rank 0
   // times the operators; every rank returns the same metrics.

@@ -73,15 +73,16 @@ void time_layers(std::vector<std::unique_ptr<LayerTiming>>& timings, const Verif
   std::vector<std::vector<std::function<void()>>> groups;
   size_t count = 0;
   for (const auto& t : timings) groups.push_back(t->fns), count += t->fns.size();
+  const std::function<double()> now = opt.clock ? opt.clock : detail::steady_seconds;
   int repeats = opt.repeats;
   if (repeats <= 0) {  // about 50 ms of timing per operator, 5 to 41 rounds
-    const double t0 = detail::steady_seconds();
+    const double t0 = now();
     for (const auto& g : groups)
       for (const auto& f : g) f();
-    const double round = detail::steady_seconds() - t0;
+    const double round = now() - t0;
     repeats = detail::repeats_for(round / static_cast<double>(count), 0.05, 5, 41);
   }
-  const auto lat = detail::time_groups_round_robin(groups, opt.warmup, repeats);
+  const auto lat = detail::time_groups_round_robin(groups, opt.warmup, repeats, now);
   for (size_t g = 0; g < timings.size(); ++g) {
     LayerVerification& lv = res.layers[timings[g]->layer];
     for (size_t i = 0; i < lv.operators.size(); ++i) lv.operators[i].latency_s = lat[g][i];
