@@ -577,4 +577,19 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   CHECK_FALSE(mo.unguarded_error);
   CHECK_FALSE(mo.guard);
   for (const auto& w : warnings) CHECK(w.find("--guard") == std::string::npos);
+
+  // The command line: the warning on stderr and the model line, exit 0.
+  const std::string root = ASAP_SOURCE_DIR;
+  TempDir dir;
+  std::ofstream(dir.file("lat.json")) << recorded.at("latency_table").dump();
+  const std::string cmd = std::string(ASAPC_EXE) + " compile " + root + "/calib_data/vit_mnist_t6.pt --spec " + root +
+                          "/calib_data/vit_mnist_t6.spec.json --calib " + root +
+                          "/calib_data/vit_mnist_t6.calib.h5 --no-report --latency-noise 0 --min-speedup 1.8" +
+                          " --latency-table " + dir / "lat.json" + " -o " + dir / "a.h5";
+  std::string out;
+  CHECK(run_cmd(cmd, &out) == 0);
+  CHECK(out.find("asapc: warning: the 1.80x budget's best choice") != std::string::npos);
+  CHECK(out.find("budget 1.80x for the model (not met: its best choice, ") != std::string::npos);
+  CHECK(run_cmd(cmd + " --guard 0", &out) == 0);
+  CHECK(out.find("--guard") == std::string::npos);
 }
