@@ -448,7 +448,8 @@ TEST_CASE(
   // here. (An intended change of the math updates the file, with a note in
   // the commit.)
   const json expect = bundled_vit_choice();
-  const auto r = compile_bundled_vit(expect, asap::BudgetScope::kLayer);  // the rule of the recording
+  // The rule of the recording: each layer on its own, no guard.
+  const auto r = compile_bundled_vit(expect, asap::BudgetScope::kLayer, [](asap::CompileOptions& o) { o.guard = 0; });
   const auto& want = expect.at("layers");
   REQUIRE(r.artifact.layers.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -476,8 +477,9 @@ TEST_CASE(
   // as accurate by the model's error at the same budget, and its summed
   // latency within the budget plus the noise margin it records.
   const json expect = bundled_vit_choice();
-  const auto layer = compile_bundled_vit(expect, asap::BudgetScope::kLayer);
-  const auto model = compile_bundled_vit(expect, asap::BudgetScope::kModel);
+  auto unguarded = [](asap::CompileOptions& o) { o.guard = 0; };  // the budgets alone
+  const auto layer = compile_bundled_vit(expect, asap::BudgetScope::kLayer, unguarded);
+  const auto model = compile_bundled_vit(expect, asap::BudgetScope::kModel, unguarded);
   REQUIRE(layer.summary.model_budget);
   REQUIRE(model.summary.model_budget);
   const auto& ml = *layer.summary.model_budget;
@@ -592,4 +594,65 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   CHECK(out.find("budget 1.80x for the model (not met: its best choice, ") != std::string::npos);
   CHECK(run_cmd(cmd + " --guard 0", &out) == 0);
   CHECK(out.find("--guard") == std::string::npos);
+}
+
+TEST_CASE("compile record: under --budget layer the guard replaces a layer's choice far from its teacher") {
+  // The recorded table under --budget layer: layer 0's own 1.25x choice
+  // (Sinkhorn T' = 3, ending on the other marginal) keeps more than a
+  // quarter of plain softmax's error. With the default guard that layer
+  // stores the fastest operator within 0.25 of softmax's error instead,
+  // from its own latency table; a layer whose choice is within the guard
+  // keeps it; --guard 0 gives the recording's choices (test above).
+  std::vector<std::string> warnings;
+  const json recorded = bundled_vit_choice();
+  const auto r = compile_bundled_vit(recorded, asap::BudgetScope::kLayer, [&](asap::CompileOptions& o) {
+    o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  });
+  const auto& want = recorded.at("layers");
+  REQUIRE(r.summary.layers.size() == want.size());
+  int guarded = 0;
+  double budget_worst = 0;  // the budget's choices' model error, from the recording
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto& L = r.summary.layers[i];
+    CAPTURE(L.layer);
+    const double scale = L.sinkhorn_heldout_attention_error.at(0);
+    const double budget_error = want[i].at("heldout_attention_error").get<double>();
+    budget_worst = std::max(budget_worst, budget_error / scale);
+    REQUIRE(L.latency.choice);
+    const auto& ops = L.latency.choice->operators;
+    if (budget_error / scale <= 0.25) {  // within the guard: the budget's choice
+      CHECK(L.chosen.heldout_attention_error == doctest::Approx(budget_error).epsilon(1e-6));
+      CHECK(L.decision.find("--guard") == std::string::npos);
+      continue;
+    }
+    ++guarded;
+    // The fastest timed operator within the guard, from the layer's own table.
+    double fastest = std::numeric_limits<double>::infinity();
+    for (const auto& row : ops)
+      if (row.selectable && row.latency_s && row.heldout_attention_error <= 0.25 * scale * (1 + 1e-9))
+        fastest = std::min(fastest, *row.latency_s);
+    REQUIRE(L.chosen.latency_s);
+    CHECK(*L.chosen.latency_s == doctest::Approx(fastest));
+    CHECK(L.chosen.heldout_attention_error <= 0.25 * scale * (1 + 1e-9));
+    CHECK(L.chosen.heldout_attention_error < budget_error);
+    CHECK_FALSE(L.latency.choice->target_met);
+    CHECK(L.decision.find("over --guard 0.25, so this is the fastest operator within the guard") != std::string::npos);
+    // One warning, naming the layer, the budget's choice and the guard.
+    const std::string head =
+        "layer '" + L.layer + "': the 1.25x budget's best choice (" + want[i].at("description").get<std::string>();
+    const auto said = std::count_if(warnings.begin(), warnings.end(), [&](const std::string& w) {
+      return w.find(head) != std::string::npos && w.find("over --guard 0.25") != std::string::npos;
+    });
+    CHECK(said == 1);
+  }
+  CHECK(guarded >= 1);  // the recording's layer 0
+  REQUIRE(r.summary.model_budget);
+  const auto& m = *r.summary.model_budget;
+  CHECK(m.scope == "layer");
+  CHECK_FALSE(m.target_met);
+  CHECK(*m.guard == doctest::Approx(0.25));
+  REQUIRE(m.unguarded_error);
+  CHECK(*m.unguarded_error == doctest::Approx(budget_worst).epsilon(1e-6));
+  CHECK(m.model_error <= 0.25 * (1 + 1e-9));
+  CHECK(*m.unguarded_speedup > m.speedup);
 }

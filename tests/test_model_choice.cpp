@@ -462,4 +462,18 @@ TEST_CASE("model budget: a choice far from its teacher is not stored for speed: 
   CHECK(chosen(layers, maps, 0).name == map_op(0, 1, 0).name);
   CHECK(maps.record.target_met);
   CHECK_FALSE(maps.record.unguarded_error);
+  // A map within the guard but slower than the teacher (6 s) does not
+  // replace it either: the guard trades speed for fidelity down to the
+  // teacher's speed, not below.
+  layers[0].cands.back().error = 0.1;
+  layers[0].lat.seconds[map_op(0, 3, 0).op.key()] = 6.5;
+  for (auto& c : layers[0].cands) c.latency = -1;
+  const auto slow = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, slow, 0).name == map_op(0, 1, 0).name);
+  CHECK_FALSE(slow.record.unguarded_error);
+  layers[0].lat.seconds[map_op(0, 3, 0).op.key()] = 5.9;  // within the guard and faster: stored
+  for (auto& c : layers[0].cands) c.latency = -1;
+  const auto fast = cd::choose_for_model(in, speedup(1.25), mo);
+  CHECK(chosen(layers, fast, 0).name == map_op(0, 3, 0).name);
+  CHECK(fast.record.unguarded_error);
 }

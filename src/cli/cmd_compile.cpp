@@ -229,7 +229,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--guard", o.guard,
                 "under the speed budget, the largest model error (each layer's held-out attention error over its "
                 "plain-softmax error) the budget's choice may leave; over it, compile stores the fastest choice "
-                "within it and warns (0: off)")
+                "within it and warns (0: off; under --budget layer, each layer's own error)")
       ->capture_default_str();
   c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
       ->capture_default_str();

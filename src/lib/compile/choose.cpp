@@ -50,6 +50,13 @@ void Timer::confirm(int i) {
   c_[static_cast<size_t>(i)].latency = std::max(first, c_[static_cast<size_t>(i)].latency);
 }
 
+double error_scale(const std::vector<OperatorCandidate>& c) {
+  for (const auto& x : c)
+    if (x.op.kind == OperatorKind::kSinkhorn && x.op.steps == 1 && std::isfinite(x.error) && x.error > 0)
+      return x.error;
+  return 1.0;
+}
+
 bool close_to(double a, double b) { return std::abs(a - b) <= kTieRel * std::max(std::abs(a), std::abs(b)); }
 
 bool allowed(const OperatorCandidate& c, const ChoiceOptions& o) {
@@ -112,6 +119,45 @@ std::vector<int> error_order(const std::vector<OperatorCandidate>& c, const Choi
   return order;
 }
 
+// The fastest of `order` with error within `bound`: every one within it is
+// timed. Latencies within rounding are a tie, broken by the error order.
+int fastest_within(std::vector<OperatorCandidate>& c, const std::vector<int>& order, Timer& timer,
+                   const ChoiceOptions& o, double bound) {
+  std::vector<int> ok;
+  for (int i : order)
+    if (c[static_cast<size_t>(i)].error <= bound * (1 + kTieRel)) ok.push_back(i);
+  for (size_t pos = 0; pos < ok.size(); pos += static_cast<size_t>(o.chunk)) {
+    std::vector<int> chunk;
+    for (size_t q = pos; q < ok.size() && q < pos + static_cast<size_t>(o.chunk); ++q)
+      if (c[static_cast<size_t>(ok[q])].latency < 0) chunk.push_back(ok[q]);
+    timer.time(chunk);
+  }
+  int best = -1;
+  for (int i : ok) {
+    const double li = c[static_cast<size_t>(i)].latency;
+    if (best < 0 || (li < c[static_cast<size_t>(best)].latency && !close_to(li, c[static_cast<size_t>(best)].latency)))
+      best = i;
+  }
+  return best;
+}
+
+// The guard (--guard under a speed budget): an operator that leaves the
+// layer far from its teacher (its error over plain softmax's above o.guard)
+// is not stored for speed; the fastest one within the guard is, when it is
+// no slower than the teacher. The teacher always is one, unless
+// --no-zero-parameter removed it; then a map slower than the teacher does
+// not replace the budget's choice, which stays.
+void apply_guard(std::vector<OperatorCandidate>& c, const std::vector<int>& order, Timer& timer, const ChoiceOptions& o,
+                 Choice& ch) {
+  const double bound = o.guard * error_scale(c);
+  if (!(o.guard > 0) || c[static_cast<size_t>(ch.index)].error <= bound * (1 + kTieRel)) return;
+  const int g = fastest_within(c, order, timer, o, bound);
+  if (g < 0 || g == ch.index || c[static_cast<size_t>(g)].latency > timer.t0() * (1 + kTieRel)) return;
+  ch.unguarded = ch.index;
+  ch.index = g;
+  ch.target_met = false;
+}
+
 // The decision sentence of a choice (ch.index >= 0) under objective o.
 std::string decision_sentence(const std::vector<OperatorCandidate>& c, const Choice& ch, const ChoiceOptions& o) {
   const double t0 = ch.teacher_latency;
@@ -123,7 +169,12 @@ std::string decision_sentence(const std::vector<OperatorCandidate>& c, const Cho
   if (w.op.kind == OperatorKind::kAsap && sk >= 0 && sk != 0)
     d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
          fmt(c[static_cast<size_t>(sk)].error);
-  if (o.objective == Objective::kMinSpeedup) {
+  if (o.objective == Objective::kMinSpeedup && ch.unguarded >= 0) {
+    const auto& u = c[static_cast<size_t>(ch.unguarded)];
+    d += " -- the " + need + " budget's best choice, " + u.name + " (" + times(t0 / u.latency) +
+         "), leaves the layer at " + fmt(u.error / error_scale(c)) + " of plain softmax's error, over --guard " +
+         fmt(o.guard) + ", so this is the fastest operator within the guard (budget " + need + " not met)";
+  } else if (o.objective == Objective::kMinSpeedup) {
     if (!ch.target_met) {
       d += w.latency < t0 ? " -- no operator reaches " + need +
                                 " the teacher's speed here, so this is the most accurate one faster than the teacher"
@@ -220,26 +271,11 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
     }
     if (ch.index < 0) ch.index = order[0];  // nothing is faster than the teacher: the most accurate (the teacher)
     if (c[static_cast<size_t>(ch.index)].latency < 0) timer.time({ch.index});
+    apply_guard(c, order, timer, o, ch);
   } else if (o.objective == Objective::kMaxError) {
     ASAP_CHECK(o.max_error > 0 && std::isfinite(o.max_error), "--max-error must be a finite number > 0, found ",
                o.max_error);
-    // Fastest within the error bound: every candidate within it is timed.
-    // Latencies within rounding are a tie, broken by the error order.
-    std::vector<int> ok;
-    for (int i : order)
-      if (err(i) <= o.max_error * (1 + kTieRel)) ok.push_back(i);
-    for (size_t pos = 0; pos < ok.size(); pos += static_cast<size_t>(o.chunk)) {
-      std::vector<int> chunk;
-      for (size_t q = pos; q < ok.size() && q < pos + static_cast<size_t>(o.chunk); ++q)
-        if (c[static_cast<size_t>(ok[q])].latency < 0) chunk.push_back(ok[q]);
-      timer.time(chunk);
-    }
-    for (int i : ok) {
-      const double li = c[static_cast<size_t>(i)].latency;
-      if (ch.index < 0 ||
-          (li < c[static_cast<size_t>(ch.index)].latency && !close_to(li, c[static_cast<size_t>(ch.index)].latency)))
-        ch.index = i;
-    }
+    ch.index = fastest_within(c, order, timer, o, o.max_error);
     ch.target_met = ch.index >= 0;
     if (ch.index < 0) {  // nothing within the bound: only possible without the teacher (error 0)
       const auto& best = c[static_cast<size_t>(order[0])];

@@ -35,10 +35,16 @@ struct ChoiceOptions {
   // objective's bar, the choice throws one sentence naming the bar instead
   // of storing a map that misses it (or the teacher).
   bool parametric_only = false;
+  // kMinSpeedup: when the chosen operator's error over the layer's plain
+  // softmax error (error_scale) is above `guard` (> 0), the fastest
+  // operator within it replaces it (--guard under --budget layer; the model
+  // budget guards the model's error instead, ModelChoiceOptions). 0: off.
+  double guard = 0;
 };
 
 struct Choice {
   int index = -1;              // into the candidates
+  int unguarded = -1;          // the budget's choice, when the guard replaced it
   bool target_met = false;     // the objective's requirement holds (else a stated fallback)
   std::string decision;        // one sentence for the user
   double teacher_latency = 0;  // seconds
@@ -77,6 +83,10 @@ class Timer {
 // tell apart operators this close anyway.
 constexpr double kTieRel = 1e-6;
 bool close_to(double a, double b);
+// What a layer's error is divided by: its error for Sinkhorn T' = 1 (plain
+// softmax), so that an easy and a hard layer compare; 1 when that is not
+// a positive finite number.
+double error_scale(const std::vector<OperatorCandidate>& c);
 // Whether the options let the choice store c (selectable; --closures).
 bool allowed(const OperatorCandidate& c, const ChoiceOptions& o);
 // The most accurate Sinkhorn (or teacher) with latency <= lat: index, or -1.

@@ -470,6 +470,7 @@ ChoiceOptions choice_options(const CompileOptions& opt, int pass_budget) {
   co.pass_budget = pass_budget;
   co.fixed_closures = opt.closures;
   co.parametric_only = !opt.zero_parameter_operators;
+  co.guard = opt.guard;
   return co;
 }
 
@@ -492,6 +493,16 @@ void choose_on_rank0(const LayerRun& r, const Statistics& st, Chosen& c) {
   c.ch = choose_operator(c.cands, r.s, choice_options(r.opt, r.budget), *model);
   if (r.opt.progress) r.opt.progress({r.s.name, "latency", 1, 1});
   warn_if_busy(r, c);
+  if (c.ch.unguarded >= 0 && r.opt.warn) {
+    const auto& u = c.cands[static_cast<size_t>(c.ch.unguarded)];
+    const auto& g = c.cands[static_cast<size_t>(c.ch.index)];
+    const double t0 = c.ch.teacher_latency;
+    r.opt.warn(str("layer '", r.s.name, "': the ", times(r.opt.min_speedup), " budget's best choice (", u.name, ", ",
+                   times(t0 / u.latency), ") leaves the layer at ", fmt(u.error / error_scale(c.cands)),
+                   " of plain softmax's attention error, over --guard ", fmt(r.opt.guard),
+                   ", so compile stores the fastest operator within the guard (", g.name, ", ", times(t0 / g.latency),
+                   "); --guard 0 stores the budget's choice, --objective fidelity the most accurate map"));
+  }
 }
 
 // The optional refit (--fit kl / attention) of the chosen map, which must

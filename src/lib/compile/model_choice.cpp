@@ -19,16 +19,6 @@ namespace {
 
 ModelError kind_of(ModelErrorKind k) { return k == ModelErrorKind::kSum ? ModelError::kSum : ModelError::kMax; }
 
-// What a layer's error is divided by: its error for Sinkhorn T' = 1 (plain
-// softmax), so that an easy and a hard layer compare; 1 when that is not
-// a positive finite number.
-double error_scale(const std::vector<OperatorCandidate>& c) {
-  for (const auto& x : c)
-    if (x.op.kind == OperatorKind::kSinkhorn && x.op.steps == 1 && std::isfinite(x.error) && x.error > 0)
-      return x.error;
-  return 1.0;
-}
-
 // Times the teacher and its loops, then every operator the options allow,
 // one per latency key (pooling, target and coefficients do not change the
 // time), in chunks; the key's latency is copied to its other candidates.
@@ -311,13 +301,14 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
     BudgetChoice b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
     // The guard: a choice that leaves the model far from its teachers is not
-    // stored for speed; the fastest one within the guard is (the teacher,
-    // with error 0, always is one unless --no-zero-parameter removed it), or
-    // the most accurate within the timing noise of its latency (within the
-    // guard too: at most as far as the fastest).
+    // stored for speed; the fastest one within the guard is, when it is no
+    // slower than the teachers (theirs, with error 0, always is one unless
+    // --no-zero-parameter removed them; maps slower than the teachers do not
+    // replace the budget's choice), or the most accurate within the timing
+    // noise of its latency (within the guard too: at most as far as the fastest).
     if (b.feasible && mo.guard > 0 && b.model_error > mo.guard * (1 + kTieRel)) {
       BudgetChoice g = fastest_within_error(bl, mo.guard * (1 + kTieRel), kind_of(mo.error));
-      if (g.feasible) {
+      if (g.feasible && g.latency <= t_sum * (1 + kTieRel)) {
         BudgetChoice close = most_accurate_within(bl, g.latency, margin, kind_of(mo.error));
         if (close.feasible && close.model_error <= g.model_error) g = close;
         g.within_noise = false;  // the budget is not met, whatever the margin
@@ -393,6 +384,16 @@ ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, 
   ModelBudgetRecord r = record_of(layers, bl, pick, t0, o, error);
   r.scope = "layer";
   r.target_met = std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.target_met; });
+  if (o.objective == Objective::kMinSpeedup && o.guard > 0) r.guard = o.guard;
+  // Where the guard replaced a layer's choice: what the budget's choices
+  // would have given the model.
+  if (std::any_of(choices.begin(), choices.end(), [](const Choice& c) { return c.unguarded >= 0; })) {
+    std::vector<int> budget_pick;
+    for (const auto& c : choices) budget_pick.push_back(c.unguarded >= 0 ? c.unguarded : c.index);
+    const ModelBudgetRecord u = record_of(layers, bl, budget_pick, t0, o, error);
+    r.unguarded_error = u.model_error;
+    r.unguarded_speedup = u.speedup;
+  }
   return r;
 }
 
