@@ -476,4 +476,21 @@ TEST_CASE("model budget: a choice far from its teacher is not stored for speed: 
   const auto fast = cd::choose_for_model(in, speedup(1.25), mo);
   CHECK(chosen(layers, fast, 0).name == map_op(0, 3, 0).name);
   CHECK(fast.record.unguarded_error);
+
+  // No assignment fits a 10x budget, so the layer chooses on its own: the
+  // most accurate operator faster than the teacher, a map at 0.3 of
+  // softmax's error. The model's guard applies there too: the teacher
+  // (the only operator within 0.25) is stored instead.
+  for (auto& c : layers[0].cands) c.selectable = true, c.latency = -1;
+  layers[0].cands.back().error = 0.3;
+  const auto fallback = cd::choose_for_model(in, speedup(10), mo);
+  REQUIRE(fallback.per_layer_fallback);
+  CHECK(fallback.layers[0].index == 0);
+  CHECK(fallback.layers[0].decision.find("over --guard 0.25") != std::string::npos);
+  REQUIRE(fallback.record.unguarded_error);
+  CHECK(*fallback.record.unguarded_error == doctest::Approx(0.3));
+  mo.guard = 0;  // --guard 0: the map
+  const auto fallback_off = cd::choose_for_model(in, speedup(10), mo);
+  CHECK(chosen(layers, fallback_off, 0).name == map_op(0, 3, 0).name);
+  CHECK_FALSE(fallback_off.record.unguarded_error);
 }

@@ -34,6 +34,13 @@ struct Compiled {
     auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
     asap::write_artifact(dir / "a.h5", r.artifact);
   }
+  // asap::verify of the artifact against the teacher on the held-out file.
+  asap::VerifyResult verify(const asap::VerifyOptions& o) const {
+    auto art = asap::read_artifact(dir / "a.h5");
+    auto ck = asap::load_checkpoint(vit_checkpoint());
+    asap::CalibFile data(dir / "heldout.h5");
+    return asap::verify(art, dir / "a.h5", ck, data, o);
+  }
 };
 }  // namespace
 
@@ -72,9 +79,6 @@ TEST_CASE("verify: a slow stretch of the machine hits every layer alike (one rou
   // and its median is the fast time. Timed layer by layer, the stretch
   // would cover most of layer 0's rounds and none of layer 1's.
   Compiled c;
-  auto art = asap::read_artifact(c.dir / "a.h5");
-  auto ck = asap::load_checkpoint(vit_checkpoint());
-  asap::CalibFile data(c.dir / "heldout.h5");
   asap::VerifyOptions o;
   o.repeats = 5;
   o.warmup = 0;
@@ -84,11 +88,11 @@ TEST_CASE("verify: a slow stretch of the machine hits every layer alike (one rou
     t += readings++ < slow_until ? 10 : 1;
     return t;
   };
-  asap::verify(art, c.dir / "a.h5", ck, data, o);  // counts the readings: 2 per timed call
+  c.verify(o);  // counts the readings: 2 per timed call
   const int64_t per_round = readings / 5;
   REQUIRE(per_round * 5 == readings);
   readings = 0, t = 0, slow_until = 2 * per_round;
-  const auto res = asap::verify(art, c.dir / "a.h5", ck, data, o);
+  const auto res = c.verify(o);
   REQUIRE(res.layers.size() == 2);
   for (const auto& lv : res.layers)
     for (const auto& op : lv.operators) {
@@ -101,12 +105,9 @@ TEST_CASE("verify: a slow stretch of the machine hits every layer alike (one rou
 
 TEST_CASE("verify: JSON has every metric for every layer and operator") {
   Compiled c;
-  auto art = asap::read_artifact(c.dir / "a.h5");
-  auto ck = asap::load_checkpoint(vit_checkpoint());
-  asap::CalibFile data(c.dir / "heldout.h5");
   asap::VerifyOptions o;
   o.repeats = 1;
-  auto j = asap::verify(art, c.dir / "a.h5", ck, data, o).to_json();
+  auto j = c.verify(o).to_json();
   REQUIRE(j["layers"].size() == 2);
   for (const auto& l : j["layers"]) {
     CHECK(l["examples"].get<int64_t>() == 12);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The fidelity guard on the released Sinkformer MNIST configuration
 # (tools/experiments/released_vit.py): trains it (about 2.5 min on 2 cores),
-# compiles it three ways -- the default (1.25x budget, --guard 0.25),
-# --guard 0 (the budget's own choice) and --objective fidelity -- and
-# prints each one's decision and its test-split agreement with the teacher.
+# compiles it five ways -- the default (1.25x budget, --guard 0.25),
+# --guard 0 (the budget's own choice), --objective fidelity, and
+# --budget layer with and without the guard -- and prints each one's
+# decision and its test-split agreement with the teacher.
 #
 #   tools/experiments/released_vit.sh OUT [T] [CONFIG]
 # T: Sinkhorn iterations (default 5, the released default); CONFIG:
@@ -13,7 +14,7 @@
 # build/asapc), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 out=$1 T=${2:-5} config=${3:-released}
 ASAPC=${ASAPC:-build/asapc}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -23,10 +24,12 @@ stem="$out/${config}_t$T"
   --epochs "${EPOCHS:-12}" --lr "${LR:-1e-3}" |
   grep -E "test-acc|summary"
 arts=()
-for how in default guard0 fidelity; do
+for how in default guard0 fidelity layer layer-guard0; do
   flags=()
   [ "$how" = guard0 ] && flags=(--guard 0)
   [ "$how" = fidelity ] && flags=(--objective fidelity)
+  [ "$how" = layer ] && flags=(--budget layer)
+  [ "$how" = layer-guard0 ] && flags=(--budget layer --guard 0)
   echo "== asapc compile ${flags[*]:-(defaults)}"
   "$ASAPC" compile "$stem.pt" --spec "$stem.spec.json" --calib "$stem.calib.h5" -o "$stem.$how.asap.h5" \
     --no-report "${flags[@]}" 2>&1 | grep -v '^\[' | grep -Ev '^ *[0-9]+%'

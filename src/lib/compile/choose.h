@@ -37,8 +37,9 @@ struct ChoiceOptions {
   bool parametric_only = false;
   // kMinSpeedup: when the chosen operator's error over the layer's plain
   // softmax error (error_scale) is above `guard` (> 0), the fastest
-  // operator within it replaces it (--guard under --budget layer; the model
-  // budget guards the model's error instead, ModelChoiceOptions). 0: off.
+  // operator within it replaces it (--guard under --budget layer;
+  // choose_for_model guards the model's error with ModelChoiceOptions::guard,
+  // and sets this from it when it falls back to each layer). 0: off.
   double guard = 0;
 };
 

@@ -332,8 +332,10 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   ModelChoice mc;
   if (!b.feasible) {  // no assignment meets the model's objective: each layer on its own
     mc.per_layer_fallback = true;
-    for (auto& L : layers) mc.layers.push_back(choose_operator(*L.cands, *L.spec, o, *L.latency));
-    mc.record = per_layer_model_record(layers, mc.layers, o, mo.error);
+    ChoiceOptions per = o;  // each layer guarded by the model's guard, on its own error
+    per.guard = mo.guard;
+    for (auto& L : layers) mc.layers.push_back(choose_operator(*L.cands, *L.spec, per, *L.latency));
+    mc.record = per_layer_model_record(layers, mc.layers, per, mo.error);
     mc.record.scope = "model";
     mc.record.noise_margin = margin;
     mc.record.noise_measured = measured;
