@@ -241,5 +241,28 @@ def released_vit_refuses_missing_files_and_unknown_configs():
         assert r.returncode == 2 and "expected the asapc binary" in r.stderr, r.stderr
         assert os.listdir(d) == [], os.listdir(d)
 
+@test
+def released_vit_row0_error_reads_the_class_token_row():
+    # released_vit.py's attention_errors: the second number is the class
+    # token's row (row 0) alone, the first the whole matrix, each relative to
+    # the reference and averaged over examples and heads.
+    import importlib.util
+    import torch
+    spec = importlib.util.spec_from_file_location("released_vit", os.path.join(TOOLS, "experiments", "released_vit.py"))
+    rv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rv)
+    g = torch.Generator().manual_seed(3)
+    ref = torch.rand(4, 2, 5, 5, generator=g, dtype=torch.float64) + 0.1
+    other = ref.clone()
+    other[..., 1, :] *= 1.5  # a row other than the class token's
+    whole, row0 = rv.attention_errors(other, ref)
+    want = float(((0.5 * ref[..., 1, :]).norm(dim=-1) / ref.flatten(-2).norm(dim=-1)).mean())
+    assert row0 == 0.0 and abs(whole - want) < 1e-12, (whole, row0, want)
+    cls = ref.clone()
+    cls[..., 0, :] *= 1.5
+    whole, row0 = rv.attention_errors(cls, ref)
+    assert abs(row0 - 0.5) < 1e-12 and 0 < whole < 0.5, (whole, row0)
+
+
 if __name__ == "__main__":
     sys.exit(run(sys.argv[1:]))

@@ -52,6 +52,15 @@ def train(a):
     return tt.main(["--which", name, "--out", a.out, "--threads", "1", "--epochs", str(a.epochs)])
 
 
+def attention_errors(a, ref):
+    """Mean over examples and heads of ||A - A*||_F / ||A*||_F for [N, H, n, n]
+    attention, whole and on the class token's row alone (row 0: the only row
+    a class-token classifier reads from the last layer)."""
+    def rel(x, y):
+        return float(((x - y).norm(dim=-1) / y.norm(dim=-1)).mean())
+    return rel(a.flatten(-2), ref.flatten(-2)), rel(a[..., 0, :], ref[..., 0, :])
+
+
 def agree(a):
     import torch
     import asap_torch
@@ -65,17 +74,25 @@ def agree(a):
     x, y = tt.teacher_data(cfg, "test")
 
     def preds(m):
+        # predictions and the last layer's attention [N, H, n, n]
+        outs, attn = [], []
         with torch.no_grad():
-            return torch.cat([m(x[s:s + 1000])[0].argmax(-1) for s in range(0, len(x), 1000)])
+            for s in range(0, len(x), 1000):
+                logits, weights = m(x[s:s + 1000])
+                outs.append(logits.argmax(-1))
+                attn.append(torch.as_tensor(weights[-1]))
+        return torch.cat(outs), torch.cat(attn)
 
-    pt = preds(model)
+    pt, at = preds(model)
     print("teacher: accuracy %.2f%% on %d test examples" % (100 * float((pt == y).float().mean()), len(y)))
     for art in a.artifacts:
         m = copy.deepcopy(model)
         asap_torch.patch_model(m, art)
-        p = preds(m)
-        print("%s: accuracy %.2f%%, agreement with the teacher %.2f%%"
-              % (art, 100 * float((p == y).float().mean()), 100 * float((p == pt).float().mean())))
+        p, am = preds(m)
+        full, cls = attention_errors(am, at)
+        print("%s: accuracy %.2f%%, agreement with the teacher %.2f%% (last layer's attention error %.3f, "
+              "class-token row %.3f)" % (art, 100 * float((p == y).float().mean()), 100 * float((p == pt).float().mean()),
+                                        full, cls))
     return 0
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The fidelity guard on the released Sinkformer MNIST configuration
 # (tools/experiments/released_vit.py): trains it (about 2.5 min on 2 cores),
-# compiles it five ways -- the default (1.25x budget, --guard 0.25),
-# --guard 0 (the budget's own choice), --objective fidelity, and
-# --budget layer with and without the guard -- and prints each one's
-# decision and its test-split agreement with the teacher.
+# compiles it seven ways -- the default (1.25x budget, --guard 0.25),
+# --guard 0 (the budget's own choice), --objective fidelity, --budget layer
+# with and without the guard, --fit attention and --guard 0.1 -- and prints
+# each one's decision and its test-split agreement with the teacher, with
+# the last layer's attention error on the test split, whole and on the
+# class token's row.
 #
 #   tools/experiments/released_vit.sh OUT [T] [CONFIG]
 # T: Sinkhorn iterations (default 5, the released default); CONFIG:
@@ -24,12 +26,14 @@ stem="$out/${config}_t$T"
   --epochs "${EPOCHS:-12}" --lr "${LR:-1e-3}" |
   grep -E "test-acc|summary"
 arts=()
-for how in default guard0 fidelity layer layer-guard0; do
+for how in default guard0 fidelity layer layer-guard0 fit-attention guard0.1; do
   flags=()
   [ "$how" = guard0 ] && flags=(--guard 0)
   [ "$how" = fidelity ] && flags=(--objective fidelity)
   [ "$how" = layer ] && flags=(--budget layer)
   [ "$how" = layer-guard0 ] && flags=(--budget layer --guard 0)
+  [ "$how" = fit-attention ] && flags=(--fit attention)
+  [ "$how" = guard0.1 ] && flags=(--guard 0.1)
   echo "== asapc compile ${flags[*]:-(defaults)}"
   "$ASAPC" compile "$stem.pt" --spec "$stem.spec.json" --calib "$stem.calib.h5" -o "$stem.$how.asap.h5" \
     --no-report "${flags[@]}" 2>&1 | grep -v '^\[' | grep -Ev '^ *[0-9]+%'
