@@ -4,7 +4,8 @@ checks and compile section (tools/bench/bench_report.py) on known timings, the
 long-sequence compile case (tools/bench/make_throughput_case.py), the slice
 families' floor (tools/experiments/slice_floor.py), what slices buy on the
 bundled teacher (tools/experiments/slice_errors.sh), and the alternating timers
-(tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches.
+(tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches, and the
+scaling-domain prototype (tools/experiments/scaling_domain.sh).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
@@ -262,6 +263,35 @@ def released_vit_row0_error_reads_the_class_token_row():
     cls[..., 0, :] *= 1.5
     whole, row0 = rv.attention_errors(cls, ref)
     assert abs(row0 - 0.5) < 1e-12 and 0 < whole < 0.5, (whole, row0)
+
+
+@test
+def scaling_domain_prototype_matches_the_log_domain_and_refuses_wide_scores():
+    # tools/experiments/scaling_domain.{sh,cpp}: the scaling-domain loop gives
+    # the log-domain plan to float32 rounding on ViT-like scores, its range
+    # check refuses text-like ones, and the estimate is T'=1 plus T of the
+    # prototype's passes (a fake asap_bench: T'=1 10 us, T'=T 20 us).
+    import re
+    sh = os.path.join(TOOLS, "experiments", "scaling_domain.sh")
+    with tempfile.TemporaryDirectory() as d:
+        bench = os.path.join(d, "asap_bench")
+        with open(bench, "w") as f:
+            f.write("#!/bin/sh\nT=1\nwhile [ $# -gt 0 ]; do [ \"$1\" = --T ] && T=$2; shift; done\n"
+                    "printf '{\"results\": [{\"op\": \"sinkhorn\", \"param\": 1, \"median_s\": 1e-5}, "
+                    "{\"op\": \"sinkhorn\", \"param\": %s, \"median_s\": 2e-5}]}\\n' $T\n")
+        os.chmod(bench, 0o755)
+        env = dict(os.environ, BENCH=bench, OUT=os.path.join(d, "proto"))
+        r = subprocess.run([sh, "3"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        diffs = [float(x) for x in re.findall(r"largest \|plan difference\| (\S+);", r.stdout)]
+        assert len(diffs) == 3 and diffs[0] < 1e-5 and diffs[1] < 1e-5 and diffs[2] > 1e-3, r.stdout
+        assert r.stdout.count("scaling domain usable") == 2 and r.stdout.count("log domain needed") == 1, r.stdout
+        passes = [float(x) for x in re.findall(r"the passes (\S+) us a pass a head", r.stdout)]
+        est = [float(x) for x in re.findall(r"prototype's passes (\S+) us", r.stdout)]
+        assert len(est) == 2 and abs(est[0] - (10 + 5 * passes[0] * 16)) < 0.06, (est, passes)
+        assert abs(est[1] - (10 + 6 * passes[1] * 64)) < 0.06, (est, passes)
+        r = subprocess.run([sh, "x"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and "expected REPS as a positive integer, found 'x'" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":
