@@ -3,12 +3,14 @@
 # matrix-vector product a pass) against the log domain every fused operator
 # runs today: builds the prototype tools/experiments/scaling_domain.cpp and
 # runs it at the released configuration's shape (n = 17, one head of 64,
-# T = 5) and the bundled ViT's (n = 50, 4 heads of 16, T = 6), with the
+# T = 5), the bundled ViT's (n = 17, 4 heads of 16, T = 6) and the issue's
+# n = 50 ViT's (4 heads of 16, T = 6), with the
 # fused kernels' own cost of a pass at the same shapes in the same run
 # (asap_bench: Sinkhorn T' = T against T' = 1, one thread), and an estimate
 # of the fused teacher with its passes in the scaling domain (T' = 1 plus T
 # of the prototype's passes); then with text-like scores (std 100), where
-# the range check must refuse. docs/performance.md, "Sinkhorn in the
+# the range check must refuse; last, the bundled teacher's own score range
+# (tools/experiments/score_range.py). docs/performance.md, "Sinkhorn in the
 # scaling domain".
 #
 #   tools/experiments/scaling_domain.sh [REPS]
@@ -27,7 +29,7 @@ mkdir -p "$(dirname "$OUT")"
 "$CXX" -std=c++17 -O3 -march=native -ffast-math -o "$OUT.tmp" tools/experiments/scaling_domain.cpp
 mv "$OUT.tmp" "$OUT"
 # n, B x H, d, T, prototype repetitions
-for shape in "17 16x1 64 5 $reps" "50 16x4 16 6 $((reps / 4 + 1))"; do
+for shape in "17 16x1 64 5 $reps" "17 16x4 16 6 $reps" "50 16x4 16 6 $((reps / 4 + 1))"; do
   set -- $shape
   heads=$(( ${2%x*} * ${2#*x} ))
   echo "== n = $1, B x H = $2, d = $3, T = $4"
@@ -46,3 +48,6 @@ print(\"estimate: the fused T'=%d with the prototype's passes %.1f us, %.2fx fas
 done
 echo "== text-like scores (std 100): the range check must refuse"
 "$OUT" 17 64 16 5 100 "$reps" | sed 's/^/prototype: /'
+echo "== the bundled teacher's scores (calib_data/vit_mnist_t6)"
+"$PYTHON" tools/experiments/score_range.py calib_data/vit_mnist_t6.pt calib_data/vit_mnist_t6.spec.json \
+  calib_data/vit_mnist_t6.calib.h5
