@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
               a / b);
   std::printf("  of which the exp sweep %.2f us and the passes %.3f us a pass a head\n", b0 * 1e6,
               (b - b0) * 1e6 / T / H);
-  std::printf("largest |plan difference| %.2e; range check: %s\n", maxdiff,
-              all_ok ? "every column of K in range (scaling domain usable)" : "a column of K underflowed (log domain needed)");
+  std::printf(
+      "largest |plan difference| %.2e; range check: %s\n", maxdiff,
+      all_ok ? "every column of K in range (scaling domain usable)" : "a column of K underflowed (log domain needed)");
   return 0;
 }
