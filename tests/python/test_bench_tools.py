@@ -5,7 +5,8 @@ long-sequence compile case (tools/bench/make_throughput_case.py), the slice
 families' floor (tools/experiments/slice_floor.py), what slices buy on the
 bundled teacher (tools/experiments/slice_errors.sh), and the alternating timers
 (tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches, and the
-scaling-domain prototype (tools/experiments/scaling_domain.sh).
+scaling-domain prototype (tools/experiments/scaling_domain.sh) and the score range
+(tools/experiments/score_range.py).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
@@ -294,6 +295,50 @@ def scaling_domain_prototype_matches_the_log_domain_and_refuses_wide_scores():
         assert r.stdout.count("(in range)") == 2, r.stdout
         r = subprocess.run([sh, "x"], capture_output=True, text=True, env=env)
         assert r.returncode == 2 and "expected REPS as a positive integer, found 'x'" in r.stderr, r.stderr
+
+
+@test
+def score_range_finds_the_column_far_below_every_row():
+    # tools/experiments/score_range.py on a hand-made layer: one head of
+    # width 1, queries 1, 2, 1, keys 20, 0, -140, score scale 2 and eps 4, so
+    # S_ij = q_i k_j / 2: row i's maximum is 10 q_i, key 3's column sits
+    # 80 q_i below it (worst over rows: -80), and the head's range is
+    # (40 + 280) / 2 = 160: past float32's exponent, so the scaling domain
+    # cannot run there.
+    import torch
+    sh = os.path.join(TOOLS, "experiments", "score_range.py")
+    with tempfile.TemporaryDirectory() as d:
+        pt, spec, calib = (os.path.join(d, f) for f in ("t.pt", "t.spec.json", "t.calib.h5"))
+        torch.save({"w": torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])}, pt)
+        layer = {"name": "attn", "layout": "fused", "qkv": {"weight": "w", "bias": None}, "qkv_order": "qkv",
+                 "head_layout": "(h d)", "heads": 1, "head_dim": 1, "score_scale": 2.0, "eps": 4.0}
+        with open(spec, "w") as f:
+            json.dump({"layers": [layer]}, f)
+        with h5py.File(calib, "w") as f:
+            f["layers/attn/x"] = [[[1.0, 20.0], [2.0, 0.0], [1.0, -140.0]]]
+        r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "median 160.0, largest 160.0; worst column -80.0 (underflows" in r.stdout, r.stdout
+        with h5py.File(calib, "a") as f:
+            f["layers/attn/x"][0, 2, 1] = -120.0  # 70 below: under -69
+        r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
+        assert "worst column -70.0 (underflows" in r.stdout, r.stdout
+        with h5py.File(calib, "a") as f:
+            f["layers/attn/x"][0, 2, 1] = -100.0
+        r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
+        assert "worst column -60.0 (in range)" in r.stdout, r.stdout
+        r = subprocess.run([sys.executable, sh, pt, spec, os.path.join(d, "none.h5")], capture_output=True, text=True)
+        assert r.returncode == 2 and "expected the file '%s'" % os.path.join(d, "none.h5") in r.stderr, r.stderr
+        layer["layout"] = "separate"
+        with open(spec, "w") as f:
+            json.dump({"layers": [layer]}, f)
+        r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
+        assert r.returncode == 2 and "expected layout 'fused'" in r.stderr and "found 'separate'" in r.stderr, r.stderr
+        layer["layout"], layer["name"] = "fused", "other"
+        with open(spec, "w") as f:
+            json.dump({"layers": [layer]}, f)
+        r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
+        assert r.returncode == 2 and "expected 'layers/other/x' in" in r.stderr and "found no 'layers/other/x'" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The fidelity guard on the released Sinkformer MNIST configuration
 # (tools/experiments/released_vit.py): trains it (about 2.5 min on 2 cores),
-# compiles it seven ways -- the default (1.25x budget, --guard 0.25),
+# compiles it nine ways -- the default (1.25x budget, --guard 0.25),
 # --guard 0 (the budget's own choice), --objective fidelity, --budget layer
-# with and without the guard, --fit attention and --guard 0.1 -- and prints
+# with and without the guard, --fit attention, --guard 0.1, Sinkhorn T' = 3
+# (--objective max-error --max-error 0.33) and the 3-pass map with 16 slices
+# (--objective fidelity --fixed-slices 16) -- and prints
 # each one's decision and its test-split agreement with the teacher, with
 # the last layer's attention error on the test split, whole and on the
 # class token's row.
@@ -26,7 +28,7 @@ stem="$out/${config}_t$T"
   --epochs "${EPOCHS:-12}" --lr "${LR:-1e-3}" |
   grep -E "test-acc|summary"
 arts=()
-for how in default guard0 fidelity layer layer-guard0 fit-attention guard0.1; do
+for how in default guard0 fidelity layer layer-guard0 fit-attention guard0.1 max-error slices16; do
   flags=()
   [ "$how" = guard0 ] && flags=(--guard 0)
   [ "$how" = fidelity ] && flags=(--objective fidelity)
@@ -34,6 +36,8 @@ for how in default guard0 fidelity layer layer-guard0 fit-attention guard0.1; do
   [ "$how" = layer-guard0 ] && flags=(--budget layer --guard 0)
   [ "$how" = fit-attention ] && flags=(--fit attention)
   [ "$how" = guard0.1 ] && flags=(--guard 0.1)
+  [ "$how" = max-error ] && flags=(--objective max-error --max-error 0.33)
+  [ "$how" = slices16 ] && flags=(--objective fidelity --features slices+alpha+softmax --fixed-slices 16 --closures 2 --max-passes 3)
   echo "== asapc compile ${flags[*]:-(defaults)}"
   "$ASAPC" compile "$stem.pt" --spec "$stem.spec.json" --calib "$stem.calib.h5" -o "$stem.$how.asap.h5" \
     --no-report "${flags[@]}" 2>&1 | grep -v '^\[' | grep -Ev '^ *[0-9]+%'
