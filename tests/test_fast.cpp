@@ -52,10 +52,20 @@ std::vector<Config> configs() {
     asap::fast::Tuning t;
     t.isa = isa;
     out.push_back({isa + "/auto/1 thread", t, 1});
+    // Row passes on the transposed tile at every length (automatic: only
+    // from one to four vectors of rows and keys).
+    t.transposed_rows = 1;
+    out.push_back({isa + "/transposed rows/1 thread", t, 1});
   }
   asap::fast::Tuning t;
+  t.transposed_rows = 0;  // and never (row_lse's own paths per ISA: test_fast's kernel test)
+  out.push_back({"rows in place/1 thread", t, 1});
+  t.transposed_rows = -1;
   out.push_back({"auto/3 threads", t, 3});
   t.strategy = asap::fast::Strategy::kWithinHead;
+  t.transposed_rows = 1;  // the transposed row pass split over threads
+  out.push_back({"within-head/store/transposed rows/2 threads", t, 2});
+  t.transposed_rows = -1;
   out.push_back({"within-head/store/2 threads", t, 2});
   t.store_scores = 0;
   t.chunk_rows = 7;
@@ -352,6 +362,41 @@ TEST_CASE("fast: pack_b and row_lse against their definitions on every instructi
       check_row_lse(K.f64, 3, nc, false, 1e-13);
       check_row_lse(K.f32, 2, nc, true, 2e-6);
     }
+  }
+}
+
+// transpose: B = A^T exactly (a copy), B's lanes past `rows` zero, B's rows
+// past `cols` and A's padding (NaN here) untouched and unused.
+template <class T>
+void check_transpose(const asap::fast::detail::KernelTable<T>& kt, int64_t rows, int64_t cols) {
+  const int64_t W = kt.width, lda = (cols + W - 1) / W * W + W, ldb = (rows + W - 1) / W * W;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> A(static_cast<size_t>(rows * lda), nan), B(static_cast<size_t>((cols + 1) * ldb), T(-7));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      A[i * lda + j] = static_cast<T>(std::sin(0.37 * static_cast<double>(i * 101 + j)));
+  kt.transpose(rows, cols, A.data(), lda, B.data(), ldb);
+  int wrong = 0;
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < ldb; ++i) {
+      const T want = i < rows ? A[i * lda + j] : T(0);
+      wrong += !(B[j * ldb + i] == want);
+    }
+  for (int64_t i = 0; i < ldb; ++i) wrong += B[cols * ldb + i] != T(-7);  // the row past cols
+  CHECK_MESSAGE(wrong == 0, "transpose rows=" << rows << " cols=" << cols << ": " << wrong << " entries wrong");
+}
+
+TEST_CASE("fast: transpose is A^T with zero padding lanes on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    for (int64_t rows : {1, 7, 8, 16, 17, 33, 50})
+      for (int64_t cols : {1, 5, 16, 17, 40, 64}) {
+        check_transpose(K.f32, rows, cols);
+        check_transpose(K.f64, rows, cols);
+      }
   }
 }
 

@@ -475,10 +475,16 @@ def test_errors_are_value_errors():
             assert text in str(e), "expected %r in: %s" % (text, e)
         else:
             raise AssertionError("no error; expected one containing %r" % text)
-    # integer masks are accepted (nonzero = token)
+    # integer masks are accepted (nonzero = token): the same bits as the bool
+    # mask. (Against no mask at all only up to rounding: with a mask the
+    # slice columns take the per-sequence path.)
     m = torch.ones(2, 17, dtype=torch.int64)
+    m[1, 13:] = 0
+    m[0, 5] = 7
     close(torch.ops.asap.attend(h, VIT[0], q, q, q, m, 1),
-          torch.ops.asap.attend(h, VIT[0], q, q, q, None, 1), "int mask", 0)
+          torch.ops.asap.attend(h, VIT[0], q, q, q, m != 0, 1), "int mask", 0)
+    close(torch.ops.asap.attend(h, VIT[0], q, q, q, torch.ones(2, 17, dtype=torch.int32), 1),
+          torch.ops.asap.attend(h, VIT[0], q, q, q, None, 1), "all-token int mask", 1e-5)
     # inputs that require grad: works, warns that no gradient flows
     qg = q.clone().requires_grad_()
     out = torch.ops.asap.attend(h, VIT[0], qg, q, q, None, 1)

@@ -18,6 +18,8 @@ template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 // Rows per chunk in column passes over a stored tile (see col_pass).
 constexpr int64_t kColChunkRows = 32;
+// The most keys for which row passes run on the transposed tile by default.
+constexpr int64_t kTransposedMaxKeys = 100;
 }  // namespace
 
 ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
@@ -73,6 +75,7 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
   }
   c.head_parallel = hp;
   c.store = store;
+  c.transposed_rows = tuning.transposed_rows;
   c.threads = hp ? 1 : threads;
   if (tuning.chunk_rows > 0) {
     c.chunk_rows = tuning.chunk_rows;
@@ -156,6 +159,14 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   cmax_.get(nJ_);
   csum_.get(nJ_);
   cs_.get(nJ_);
+  // Row passes on the transposed tile when they pay (asap_bench, docs/performance.md,
+  // "Row passes on the transposed tile"): from one vector of rows (the column
+  // kernel's scalar tail below it) to 100 keys (at 128 they gain nothing, at
+  // 256 they lose).
+  const int64_t W = kt_.width;
+  use_st_ = ch_.store && need_scores &&
+            (ch_.transposed_rows == 1 || (ch_.transposed_rows < 0 && nR_ >= W && nJ_ <= kTransposedMaxKeys));
+  st_ready_ = false;
   if (ch_.store) {
     T* S = S_.get(nR_ * ldS_);
     if (need_scores) {
@@ -214,10 +225,42 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
 }
 
 template <class T>
+void Engine<T>::build_transposed() {
+  // The same values as S' (a copy), so both layouts give one score tile.
+  ldST_ = round_up(nR_, kt_.width);
+  T* ST = ST_.get(nJ_ * ldST_);
+  kt_.transpose(nR_, nJ_, S_.data(), ldS_, ST, ldST_);
+  st_ready_ = true;
+}
+
+template <class T>
 void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut<T>& out) {
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
   T* lse = lse_.data();
   T* z = z_.data();
+  // The final pass stays below: from the transpose it would take a second
+  // exponential sweep for E, which cost what it saved (T = 5, n = 17).
+  if (use_st_ && !final) {
+    // f' = log a - LSE_j(S'_ij + g'_j) as a column pass over S'^T.
+    if (!st_ready_) build_transposed();
+    const int64_t W = kt_.width;
+    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
+    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, W);
+    const int64_t nb = (nR_ + bw - 1) / bw;
+    const T* ST = ST_.data();
+    pfor(nb, [&](int64_t b, int) {
+      const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
+      for (int64_t i = c0; i < c1; ++i) lse[i] = kNegInf<T>, z[i] = T(0);
+      for (int64_t j0 = 0; j0 < nJ_; j0 += kColChunkRows) {
+        const int64_t j1 = std::min(nJ_, j0 + kColChunkRows);
+        kt_.col_lse_chunk(j1 - j0, c1 - c0, ST + j0 * ldST_ + c0, ldST_, g + j0, lse + c0, z + c0);
+      }
+      for (int64_t i = c0; i < c1; ++i) f[i] = T(0);
+      kt_.add_log(z + c0, f + c0, c1 - c0);
+      for (int64_t i = c0; i < c1; ++i) f[i] = log_a_ - lse[i] - f[i];
+    });
+    return;
+  }
   T* rs = rs_.data();
   // Only the final pass scales by the mass (an exp per pass was 1% of a
   // feature pass at n = 17, where log_mult = 0 misses exp's fast path).

@@ -49,6 +49,7 @@ struct Choice {
   bool store = true;          // keep the head's score tile
   int threads = 1;            // threads of the inner passes (1 when head_parallel)
   int64_t chunk_rows = 64;    // rows per tile in row passes and the PV product
+  int transposed_rows = -1;   // Tuning::transposed_rows
 };
 
 Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning);
@@ -158,6 +159,14 @@ class Engine {
   Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
   const T* vrows_ = nullptr;  // [nJ, dvp] value rows of the keys: the input itself or vp_
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
+  // The stored tile transposed, [nJ][ldST_], built at the head's first
+  // non-final row pass when use_st_: those passes then run as column passes
+  // on it, with rows in the lanes (no horizontal reductions per row, which
+  // were most of a row pass at n = 17).
+  Buf<T> ST_;
+  int64_t ldST_ = 0;
+  bool use_st_ = false, st_ready_ = false;
+  void build_transposed();
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the

@@ -45,6 +45,11 @@ struct Tuning {
       0;                   // budget for stored score tiles over all threads; 0 = env ASAP_FAST_WORKSPACE_MB or 256 MiB
   int store_scores = -1;   // -1 = within the budget, 0 = recompute tiles in every pass, 1 = always store
   int64_t chunk_rows = 0;  // rows per tile in row passes (0 = automatic)
+  // Row passes before the last over a stored tile run as column passes on its
+  // transpose (docs/performance.md, "Row passes on the transposed tile"):
+  // -1 = when the head has at least one vector of rows and at most 100 keys,
+  // 0 = never, 1 = whenever the tile is stored.
+  int transposed_rows = -1;
 };
 
 // Instruction sets compiled in and supported by this CPU, best last.

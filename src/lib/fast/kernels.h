@@ -43,6 +43,11 @@ struct KernelTable {
   // given, also E[r,j] = exp(S[r,j] + add[j] - max_r) and z[r] = sum_j E[r,j]
   // (E may alias S).
   void (*row_lse)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde, T* z);
+  // B [cols x ldb] = A^T for A [rows x cols] (lda): W x W blocks in
+  // registers. A's rows are read up to roundup(cols, width) (lda must hold
+  // it; the padding is not used); ldb >= roundup(rows, width), and B's lanes
+  // from rows to roundup(rows, width) are written as zeros.
+  void (*transpose)(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_t ldb);
   // Online column log-sum-exp over a chunk of rows: with per-column state
   // (cmax, csum) meaning LSE = cmax + log(csum), folds in S[r,j] + radd[r].
   void (*col_lse_chunk)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum);

@@ -598,6 +598,21 @@ inline void col_lse_block(int64_t rows, const T* S, int64_t lds, const T* radd, 
 }
 
 template <class T>
+void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_t ldb) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t i = 0; i < rows; i += W)
+    for (int64_t j = 0; j < cols; j += W) {
+      V r[W];
+#pragma GCC unroll 32
+      for (int t = 0; t < W; ++t) r[t] = i + t < rows ? load<V>(A + (i + t) * lda + j) : V{};
+      transpose_block<T>(r);
+      const int64_t e = std::min<int64_t>(W, cols - j);  // B's rows past cols are not written
+      for (int64_t t = 0; t < e; ++t) store(B + (j + t) * ldb + i, r[t]);
+    }
+}
+
+template <class T>
 void col_lse_chunk(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
   constexpr int W = Vec<T>::W;
   if (rows <= 0) return;
@@ -973,9 +988,9 @@ T peak_fma(int64_t iters, T seed) {
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
   return detail::KernelTable<T>{
-      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,    &pack_b<T>,     &gemm_nt<T>,
-      &gemm_nn<T>,   &row_lse<T>,   &col_lse_chunk<T>,      &col_max<T>,  &col_exp<T>,    &plan<T>,
-      &vexp<T>,      &add_log_t<T>, &row_sqnorm<T>,         &map_tail<T>, &all_finite<T>, &peak_fma<T>};
+      ASAP_ISA_NAME, ASAP_NT_MR,     ASAP_NT_NV * Vec<T>::W, Vec<T>::W,      &pack_b<T>,  &gemm_nt<T>, &gemm_nn<T>,
+      &row_lse<T>,   &transpose<T>,  &col_lse_chunk<T>,      &col_max<T>,    &col_exp<T>, &plan<T>,    &vexp<T>,
+      &add_log_t<T>, &row_sqnorm<T>, &map_tail<T>,           &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
