@@ -55,6 +55,7 @@ export ASAPC
 mkdir -p "$OUT"
 
 if [ "$TRAIN" = 1 ]; then
+  mkdir -p out/teachers  # the logs below are written there before train_teachers.py creates it
   for which in vit5 text; do
     echo "== training $which (log: out/teachers/$which.log)"
     "$PYTHON" tools/train/train_teachers.py --which "$which" --out out/teachers > "out/teachers/$which.log" 2>&1 \
