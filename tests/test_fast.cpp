@@ -574,6 +574,28 @@ TEST_CASE("fast: teacher matches the reference (dtypes, masks, conventions, budg
   }
 }
 
+TEST_CASE("fast: the automatic rule takes the transposed row passes from one vector of rows to 100 keys") {
+  // Which path ran shows in the bits: the transposed pass sums in another
+  // order. The automatic choice must equal the forced one bit for bit, and
+  // differ from the other path (else the comparison would prove nothing).
+  const int64_t W = asap::fast::detail::kernels_for({}).f32.width;
+  asap::Convention c;
+  for (int64_t n : {W - 1, W + 1, int64_t(100), int64_t(101)}) {
+    CAPTURE(n);
+    at::manual_seed(11);
+    auto q = at::randn({2, 2, n, 16}), k = at::randn({2, 2, n, 16}), v = at::randn({2, 2, n, 16});
+    auto run = [&](int rule) {
+      asap::fast::Tuning t;
+      t.transposed_rows = rule;
+      return asap::fast::teacher(q, k, v, at::Tensor(), 0.5, 6, c, false, t).O;
+    };
+    const bool expect = n >= W && n <= 100;
+    const auto automatic = run(-1), on = run(1), off = run(0);
+    CHECK_FALSE(at::equal(on, off));
+    CHECK(at::equal(automatic, expect ? on : off));
+  }
+}
+
 TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn normalizer") {
   at::manual_seed(5);
   auto q = at::randn({1, 4, 300, 16}), k = at::randn({1, 4, 300, 16}), v = at::randn({1, 4, 300, 16});

@@ -85,15 +85,18 @@ Engine<T>& thread_engine(const detail::KernelTable<T>& kt, int64_t n, int64_t d,
     const void* kt = nullptr;
     int64_t n = -1, d = -1, dv = -1, chunk = -1;
     bool head_parallel = false, store = false;
-    int threads = -1;
+    int threads = -1, transposed_rows = -2;
     std::unique_ptr<Engine<T>> eng;
   };
   thread_local Slot s;
+  // Every field of the Choice is part of the key: an engine keeps its Choice.
   if (!s.eng || s.kt != &kt || s.n != n || s.d != d || s.dv != dv || s.chunk != ch.chunk_rows ||
-      s.head_parallel != ch.head_parallel || s.store != ch.store || s.threads != ch.threads) {
+      s.head_parallel != ch.head_parallel || s.store != ch.store || s.threads != ch.threads ||
+      s.transposed_rows != ch.transposed_rows) {
     s.eng = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
     s.kt = &kt, s.n = n, s.d = d, s.dv = dv, s.chunk = ch.chunk_rows;
     s.head_parallel = ch.head_parallel, s.store = ch.store, s.threads = ch.threads;
+    s.transposed_rows = ch.transposed_rows;
   }
   return *s.eng;
 }

@@ -225,6 +225,26 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
 }
 
 template <class T>
+template <class Chunk>
+void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m,
+                                 T* mx, T* sm, T* out, const Chunk& chunk) {
+  const int64_t nb = (ncols + bw - 1) / bw;
+  pfor(nb, [&](int64_t b, int tid) {
+    const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
+    for (int64_t c = c0; c < c1; ++c) mx[c] = kNegInf<T>, sm[c] = T(0);
+    for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
+      const int64_t r1 = std::min(nrows, r0 + chunk_rows);
+      int64_t ld;
+      const T* t = chunk(r0, r1, c0, c1, tid, &ld);
+      kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, radd + r0, mx + c0, sm + c0);
+    }
+    for (int64_t c = c0; c < c1; ++c) out[c] = T(0);
+    kt_.add_log(sm + c0, out + c0, c1 - c0);
+    for (int64_t c = c0; c < c1; ++c) out[c] = log_m - mx[c] - out[c];
+  });
+}
+
+template <class T>
 void Engine<T>::build_transposed() {
   // The same values as S' (a copy), so both layouts give one score tile.
   ldST_ = round_up(nR_, kt_.width);
@@ -243,22 +263,14 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
   if (use_st_ && !final) {
     // f' = log a - LSE_j(S'_ij + g'_j) as a column pass over S'^T.
     if (!st_ready_) build_transposed();
-    const int64_t W = kt_.width;
     const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
-    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, W);
-    const int64_t nb = (nR_ + bw - 1) / bw;
+    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
     const T* ST = ST_.data();
-    pfor(nb, [&](int64_t b, int) {
-      const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
-      for (int64_t i = c0; i < c1; ++i) lse[i] = kNegInf<T>, z[i] = T(0);
-      for (int64_t j0 = 0; j0 < nJ_; j0 += kColChunkRows) {
-        const int64_t j1 = std::min(nJ_, j0 + kColChunkRows);
-        kt_.col_lse_chunk(j1 - j0, c1 - c0, ST + j0 * ldST_ + c0, ldST_, g + j0, lse + c0, z + c0);
-      }
-      for (int64_t i = c0; i < c1; ++i) f[i] = T(0);
-      kt_.add_log(z + c0, f + c0, c1 - c0);
-      for (int64_t i = c0; i < c1; ++i) f[i] = log_a_ - lse[i] - f[i];
-    });
+    lse_down_columns(nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
+                     [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
+                       *ld = ldST_;
+                       return ST + r0 * ldST_ + c0;
+                     });
     return;
   }
   T* rs = rs_.data();
@@ -330,19 +342,10 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     });
     return;
   }
-  pfor(nb, [&](int64_t b, int tid) {
-    const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
-    for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
-    for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
-      const int64_t r1 = std::min(nR_, r0 + CRc);
-      int64_t ld;
-      const T* t = tile(r0, r1, c0, c1, tid, &ld);
-      kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, f + r0, cmax + c0, csum + c0);
-    }
-    for (int64_t j = c0; j < c1; ++j) g[j] = T(0);
-    kt_.add_log(csum + c0, g + c0, c1 - c0);
-    for (int64_t j = c0; j < c1; ++j) g[j] = log_b_ - cmax[j] - g[j];
-  });
+  lse_down_columns(nR_, nJ_, bw, CRc, f, log_b_, cmax, csum, g,
+                   [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld) {
+                     return static_cast<const T*>(tile(r0, r1, c0, c1, tid, ld));
+                   });
   if (!final) return;
   // Recomputed tiles: a plan pass with both duals.
   T* radd = radd_.data();

@@ -167,6 +167,13 @@ class Engine {
   int64_t ldST_ = 0;
   bool use_st_ = false, st_ready_ = false;
   void build_transposed();
+  // out[c] = log_m - LSE_r(M[r, c] + radd[r]) over the columns of an [nrows x
+  // ncols] matrix (a column pass on S', a row pass on S'^T), in blocks of bw
+  // columns over the threads and chunks of rows; chunk(r0, r1, c0, c1, tid, &ld)
+  // gives that part of M. mx, sm: per-column scratch (running max and sum).
+  template <class Chunk>
+  void lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m, T* mx,
+                        T* sm, T* out, const Chunk& chunk);
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
