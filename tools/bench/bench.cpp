@@ -18,6 +18,10 @@
 // drift in machine load hits all of them alike; the report gives medians of
 // wall time, and of the process CPU time (all threads, getrusage), which
 // time-slicing by other processes does not inflate.
+// Operators: "teacher_fast" / "sinkhorn" / "asap*" call the fused kernels
+// (asap::fast); "layer_teacher" and "layer_s3" time the same teacher and
+// 4-pass-family map through asap::run_layer, the entry that compile's
+// latency phase, verify and the runtime use (input checks, NaN in NaN out).
 // Peak extra memory is measured per operator in a fresh child process
 // (this program re-executed with --mem-child): inputs are allocated, the
 // operator is run once on a tiny input to start thread pools, the kernel's
@@ -225,6 +229,12 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
     ops.push_back({"teacher_fast", T, [T, c](const Inputs& in) {
                      sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false, {}, false).O);
                    }});
+    auto tl = std::make_shared<asap::CompiledLayer>(*layer_s3);
+    tl->kind = asap::OperatorKind::kTeacher;
+    tl->spec.T = T;
+    tl->coef = at::zeros({1, 0}, at::kDouble);
+    ops.push_back({"layer_teacher", T,
+                   [tl](const Inputs& in) { sink(asap::run_layer(*tl, in.q, in.k, in.v, at::Tensor(), {}).out); }});
     if (n <= s.ref_max_n)
       ops.push_back({"teacher_ref", T, [T, c](const Inputs& in) {
                        sink(asap::run_teacher_reference(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
@@ -244,6 +254,9 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                    }});
     ops.push_back({"asap_s3", k, [ro, layer_s3](const Inputs& in) {
                      sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), ro).out);
+                   }});
+    ops.push_back({"layer_s3", k, [ro, layer_s3](const Inputs& in) {
+                     sink(asap::run_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), ro).out);
                    }});
   }
   // Features only: the sliced potentials of fast::build_features for L
