@@ -35,10 +35,13 @@ struct KernelTable {
   // at a panel boundary; any M. Columns of C past roundup(N, width) are not
   // written (ldc must still hold roundup(N, nt_nr)).
   void (*gemm_nt)(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc);
-  // C [M x Nv] = A [M x N] (lda) * B [N x Nv] (ldb); Nv and ldb multiples of
-  // width, C overwritten. Any M.
-  void (*gemm_nn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-                  int64_t ldc);
+  // C [M x Nv] = diag(rscale) A [M x N] (lda) * B [N x Nv] (ldb); Nv and ldb
+  // multiples of width, C overwritten, rscale [M] (nullptr: no scaling, else
+  // one rounded multiply per entry after the sum). Any M.
+  void (*gemm_nn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                  const T* rscale);
+  // dst [rows x cols] (ldd) = diag(scale) src (lds); dst may alias src.
+  void (*scale_rows)(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd);
   // Row log-sum-exp: lse[r] = LSE_j (S[r,j] + add[j]) over j < nc. When E is
   // given, also E[r,j] = exp(S[r,j] + add[j] - max_r) and z[r] = sum_j E[r,j]
   // (E may alias S).

@@ -258,6 +258,40 @@ inline void transpose_block(typename Vec<T>::V* r) {
   transpose_rows<typename Vec<T>::V, typename Vec<T>::U, typename Vec<T>::UE, Vec<T>::W>(r);
 }
 
+// Shuffle masks of two_row_columns: output t takes lane t of the first row
+// into lane 0 and lane t of the second into lane 1.
+template <class I, int W>
+struct TwoRowMasks {
+  I pick[W][W] = {}, iota[W] = {};
+  constexpr TwoRowMasks() {
+    for (int t = 0; t < W; ++t) {
+      iota[t] = static_cast<I>(t);
+      for (int l = 0; l < W; ++l) pick[t][l] = static_cast<I>(l == 1 ? W + t : t);
+    }
+  }
+};
+
+// The columns 0..e-1 of a block of rr <= 2 rows (r0, and r1 when rr = 2) as
+// vectors: out(t) gets r0[t] in lane 0, r1[t] in lane 1 (rr = 2) and zeros
+// elsewhere, one two-source shuffle each. The edge blocks of transpose and
+// pack_b (n = 17, 33, 49 leave one row past the last full vector, n = 50
+// two), where a W x W transpose in registers mostly moved zeros: the four
+// transposes of a 17 x 17 tile cost 5% of a 4-pass call.
+template <class T, class Out>
+inline void two_row_columns(typename Vec<T>::V r0, typename Vec<T>::V r1, int64_t rr, int64_t e, const Out& out) {
+  using V = typename Vec<T>::V;
+  using U = typename Vec<T>::U;
+  using I = typename Vec<T>::UE;
+  constexpr int W = Vec<T>::W;
+  static constexpr TwoRowMasks<I, W> kM{};
+  const auto keep = load<U>(kM.iota) < (U{} + static_cast<I>(rr));
+  if (rr < 2) r1 = V{};
+  for (int64_t t = 0; t < e; ++t) {
+    const V v = __builtin_shuffle(r0, r1, load<U>(kM.pick[t]));
+    out(t, keep ? v : V{});
+  }
+}
+
 template <class T>
 void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
   using V = typename Vec<T>::V;
@@ -288,7 +322,16 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
     // vector is written by one vector store (a vector store of zeros with
     // scalar stores over it, read at once by gemm_nt, cost a store-forwarding
     // stall per panel row at n = 17).
-    if (cols > cfull)
+    if (cols - cfull >= 1 && cols - cfull <= 2) {
+      // One or two keys past the full blocks: their rows' vectors shuffled
+      // into place (two_row_columns), zeros in the other lanes.
+      const T* b0 = B + (j0 + cfull) * ldb;
+      for (int64_t k = 0; k < kfull; k += W) {
+        const V r1 = cols - cfull == 2 ? load<V>(b0 + ldb + k) : V{};
+        two_row_columns<T>(load<V>(b0 + k), r1, cols - cfull, W,
+                           [&](int64_t t, V v) { store(o + (k + t) * NR + cfull, v * alpha); });
+      }
+    } else if (cols > cfull)
       for (int64_t k = 0; k < kfull; k += W) {
         V r[W];
 #pragma GCC unroll 32
@@ -395,7 +438,7 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* 
 }
 
 template <class T, int MR, int NV>
-inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   V acc[MR][NV];
@@ -409,53 +452,77 @@ inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb
       for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
     }
   }
+  if (rs)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] *= splat<V>(rs[r]);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, acc[r][v]);
 }
 
 template <class T, int MR, int NV>
 struct NnRem {
-  static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                  const T* rs) {
     if (rem == MR)
-      micro_nn<T, MR, NV>(N, A, lda, B, ldb, C, ldc);
+      micro_nn<T, MR, NV>(N, A, lda, B, ldb, C, ldc, rs);
     else
-      NnRem<T, MR - 1, NV>::run(rem, N, A, lda, B, ldb, C, ldc);
+      NnRem<T, MR - 1, NV>::run(rem, N, A, lda, B, ldb, C, ldc, rs);
   }
 };
 template <class T, int NV>
 struct NnRem<T, 0, NV> {
-  static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t) {}
+  static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
 };
 
 template <class T, int NV>
-void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
   constexpr int MR = ASAP_NN_MR;
   int64_t i = 0;
-  for (; i + MR <= M; i += MR) micro_nn<T, MR, NV>(N, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
-  if (i < M) NnRem<T, MR - 1, NV>::run(static_cast<int>(M - i), N, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  for (; i + MR <= M; i += MR)
+    micro_nn<T, MR, NV>(N, A + i * lda, lda, B, ldb, C + i * ldc, ldc, rs ? rs + i : nullptr);
+  if (i < M)
+    NnRem<T, MR - 1, NV>::run(static_cast<int>(M - i), N, A + i * lda, lda, B, ldb, C + i * ldc, ldc,
+                              rs ? rs + i : nullptr);
 }
 
 template <class T, int NV>
 struct NnVecRem {
-  static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                  const T* rs) {
     if (nv == NV)
-      nn_cols<T, NV>(M, N, A, lda, B, ldb, C, ldc);
+      nn_cols<T, NV>(M, N, A, lda, B, ldb, C, ldc, rs);
     else
-      NnVecRem<T, NV - 1>::run(nv, M, N, A, lda, B, ldb, C, ldc);
+      NnVecRem<T, NV - 1>::run(nv, M, N, A, lda, B, ldb, C, ldc, rs);
   }
 };
 template <class T>
 struct NnVecRem<T, 0> {
-  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t) {}
+  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
 };
 
 template <class T>
-void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+             const T* rscale) {
   constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
   const int64_t nvec = Nv / W;
   int64_t v = 0;
-  for (; v + NV <= nvec; v += NV) nn_cols<T, NV>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc);
-  if (v < nvec) NnVecRem<T, NV - 1>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc);
+  for (; v + NV <= nvec; v += NV) nn_cols<T, NV>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+  if (v < nvec)
+    NnVecRem<T, NV - 1>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+}
+
+template <class T>
+void scale_rows(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * lds;
+    T* d = dst + r * ldd;
+    const V sc = splat<V>(scale[r]);
+    int64_t c = 0;
+    for (; c + W <= cols; c += W) store(d + c, load<V>(s + c) * sc);
+    for (; c < cols; ++c) d[c] = s[c] * scale[r];
+  }
 }
 
 // ---------------------------------------------------- log-sum-exp passes ---
@@ -603,12 +670,33 @@ void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_
   constexpr int W = Vec<T>::W;
   for (int64_t i = 0; i < rows; i += W)
     for (int64_t j = 0; j < cols; j += W) {
+      const int64_t rr = std::min<int64_t>(W, rows - i), e = std::min<int64_t>(W, cols - j);
+      if (rr <= 2) {  // one or two rows: shuffled into place, zeros in the other lanes
+        const V r1 = rr == 2 ? load<V>(A + (i + 1) * lda + j) : V{};
+        two_row_columns<T>(load<V>(A + i * lda + j), r1, rr, e,
+                           [&](int64_t t, V v) { store(B + (j + t) * ldb + i, v); });
+        continue;
+      }
+      if (e <= 2) {  // one or two columns: element by element
+        for (int64_t t = 0; t < e; ++t) {
+          T* b = B + (j + t) * ldb + i;
+          for (int64_t s = 0; s < rr; ++s) b[s] = A[(i + s) * lda + j + t];
+          for (int64_t s = rr; s < W; ++s) b[s] = T(0);
+        }
+        continue;
+      }
       V r[W];
+      if (rr == W && e == W) {  // a whole block: no conditions to unroll around
 #pragma GCC unroll 32
-      for (int t = 0; t < W; ++t) r[t] = i + t < rows ? load<V>(A + (i + t) * lda + j) : V{};
+        for (int t = 0; t < W; ++t) r[t] = load<V>(A + (i + t) * lda + j);
+        transpose_block<T>(r);
+#pragma GCC unroll 32
+        for (int t = 0; t < W; ++t) store(B + (j + t) * ldb + i, r[t]);
+        continue;
+      }
+      for (int t = 0; t < W; ++t) r[t] = t < rr ? load<V>(A + (i + t) * lda + j) : V{};
       transpose_block<T>(r);
-      const int64_t e = std::min<int64_t>(W, cols - j);  // B's rows past cols are not written
-      for (int64_t t = 0; t < e; ++t) store(B + (j + t) * ldb + i, r[t]);
+      for (int64_t t = 0; t < e; ++t) store(B + (j + t) * ldb + i, r[t]);  // B's rows past cols are not written
     }
 }
 
@@ -987,10 +1075,13 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{
-      ASAP_ISA_NAME, ASAP_NT_MR,     ASAP_NT_NV * Vec<T>::W, Vec<T>::W,      &pack_b<T>,  &gemm_nt<T>, &gemm_nn<T>,
-      &row_lse<T>,   &transpose<T>,  &col_lse_chunk<T>,      &col_max<T>,    &col_exp<T>, &plan<T>,    &vexp<T>,
-      &add_log_t<T>, &row_sqnorm<T>, &map_tail<T>,           &all_finite<T>, &peak_fma<T>};
+  return detail::KernelTable<T>{ASAP_ISA_NAME,  ASAP_NT_MR,        ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,      &pack_b<T>,        &gemm_nt<T>,
+                                &gemm_nn<T>,    &scale_rows<T>,    &row_lse<T>,
+                                &transpose<T>,  &col_lse_chunk<T>, &col_max<T>,
+                                &col_exp<T>,    &plan<T>,          &vexp<T>,
+                                &add_log_t<T>,  &row_sqnorm<T>,    &map_tail<T>,
+                                &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
