@@ -131,6 +131,7 @@ TEST_CASE("runtime: a NaN or infinity in q, k or v makes that head's output NaN,
   auto j = load_json("operator.json");
   asap::Artifact art;
   art.layers.push_back(golden_layer(j["cases"][0]));
+  art.layers[0].spec.heads = 2;              // one map pooled over two heads
   asap::CompiledLayer sink = art.layers[0];  // the same layer stored as plain Sinkhorn T' = 3
   sink.spec.name = "sink";
   sink.kind = asap::OperatorKind::kSinkhorn;
@@ -138,8 +139,9 @@ TEST_CASE("runtime: a NaN or infinity in q, k or v makes that head's output NaN,
   art.layers.push_back(sink);
   const asap::CompiledModel model(art, "x.h5");
   at::manual_seed(5);
-  // Three examples of one head each: the bad value sits in example 1 only.
-  auto q = at::randn({3, 1, 8, 4}), k = at::randn({3, 1, 8, 4}), v = at::randn({3, 1, 8, 4});
+  // Three examples of two heads each: the bad value sits in head 1 of
+  // example 1 only (the fused path flags heads b-major: b * H + h).
+  auto q = at::randn({3, 2, 8, 4}), k = at::randn({3, 2, 8, 4}), v = at::randn({3, 2, 8, 4});
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   for (const std::string layer : {"golden", "sink"}) {
     for (int which = 0; which < 3; ++which) {
@@ -148,13 +150,15 @@ TEST_CASE("runtime: a NaN or infinity in q, k or v makes that head's output NaN,
         CAPTURE(which);
         CAPTURE(bad);
         auto qb = q.clone(), kb = k.clone(), vb = v.clone();
-        (which == 0 ? qb : which == 1 ? kb : vb)[1][0][3][2] = bad;
+        (which == 0 ? qb : which == 1 ? kb : vb)[1][1][3][2] = bad;
         asap::RunOptions ro;
         ro.return_attention = true;
         auto clean = model.attend(layer, q, k, v, at::Tensor(), ro);
         auto r = model.attend(layer, qb, kb, vb, at::Tensor(), ro);
-        CHECK(r.out[1].isnan().all().item<bool>());
-        CHECK(r.attention[1].isnan().all().item<bool>());
+        CHECK(r.out[1][1].isnan().all().item<bool>());
+        CHECK(r.attention[1][1].isnan().all().item<bool>());
+        CHECK(at::equal(r.out[1][0], clean.out[1][0]));
+        CHECK(at::equal(r.attention[1][0], clean.attention[1][0]));
         for (int e : {0, 2}) {
           CHECK(at::equal(r.out[e], clean.out[e]));
           CHECK(at::equal(r.attention[e], clean.attention[e]));

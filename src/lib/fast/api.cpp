@@ -143,10 +143,36 @@ T* scratch(int slot, int64_t count) {
   return bufs[slot].get(count);
 }
 
+// Heads h0..h1-1 all finite in q and k [., n, d] and v [., n, dv] (or null).
+template <class T>
+bool heads_finite(const detail::KernelTable<T>& kt, const T* q, const T* k, const T* v, int64_t h0, int64_t h1,
+                  int64_t n, int64_t d, int64_t dv) {
+  const int64_t c = h1 - h0;
+  return kt.all_finite(q + h0 * n * d, c * n * d) && kt.all_finite(k + h0 * n * d, c * n * d) &&
+         (!v || kt.all_finite(v + h0 * n * dv, c * n * dv));
+}
+
+// fast.h, nonfinite_heads: sizes the flags for B * H heads and returns the
+// check that drive() runs per range of heads, on the thread that runs them
+// (one sweep over the range's inputs; per head only when it finds
+// something: per-head calls on 17 x 16 blocks cost what the serial sweep did).
+template <class T>
+std::function<void(int64_t, int64_t)> flag_nonfinite(std::vector<uint8_t>* flags, int64_t BH,
+                                                     const detail::KernelTable<T>& kt, const T* q, const T* k,
+                                                     const T* v, int64_t n, int64_t d, int64_t dv) {
+  if (!flags) return {};
+  flags->assign(static_cast<size_t>(BH), 0);
+  uint8_t* bad = flags->data();
+  return [=, &kt](int64_t b, int64_t e) {
+    if (heads_finite(kt, q, k, v, b, e, n, d, dv)) return;
+    for (int64_t h = b; h < e; ++h) bad[h] = !heads_finite(kt, q, k, v, h, h + 1, n, d, dv);
+  };
+}
+
 template <class T>
 TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            double scale, int T_budget, const Convention& c, bool want_attention, const Tuning& tuning,
-                           bool want_duals) {
+                           bool want_duals, std::vector<uint8_t>* nonfinite) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t dv = v.defined() ? v.size(3) : 0;
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
@@ -172,38 +198,41 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   T* pbp = has_star ? phibar.data_ptr<T>() : nullptr;
   const T eps = static_cast<T>(c.eps);
   const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
-  drive<T>(kt, ch, B * H, n, d, dv, [&](Engine<T>& eng, int64_t bh) {
-    const Active& a = act[bh / H];
-    eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
-    const int64_t nR = eng.rows(), nJ = eng.keys();
-    T* fh = scratch<T>(0, nR);
-    T* gh = scratch<T>(1, nJ);
-    T* fs = has_star ? scratch<T>(2, nR) : nullptr;
-    HeadOut<T> out{Op ? Op + bh * n * dv : nullptr, Ap ? Ap + bh * n * n : nullptr};
-    eng.teacher(T_budget, log_mult, fh, gh, fs, out);
-    if (!want_duals) return;
-    T* fo = fp + bh * n;
-    T* go = gp + bh * n;
-    for (int64_t i = 0; i < n; ++i) fo[i] = kNegInf<T>, go[i] = kNegInf<T>;
-    for (int64_t r = 0; r < nR; ++r) fo[a.rows[r]] = eps * fh[r];
-    for (int64_t j = 0; j < nJ; ++j) go[a.keys[j]] = eps * gh[j];
-    if (has_star) {
-      T* alpha = scratch<T>(3, nR);
-      query_alpha(kt, qp + bh * n * d, a, d, scale, alpha);
-      T* so = fsp + bh * n;
-      T* po = pbp + bh * n;
-      for (int64_t i = 0; i < n; ++i) so[i] = kNegInf<T>, po[i] = kNegInf<T>;
-      double sum = 0;
-      for (int64_t r = 0; r < nR; ++r) {
-        const T fr = eps * fs[r];
-        so[a.rows[r]] = fr;
-        fs[r] = fr + alpha[r];
-        sum += static_cast<double>(fs[r]);
-      }
-      const double mean = sum / static_cast<double>(nR);
-      for (int64_t r = 0; r < nR; ++r) po[a.rows[r]] = static_cast<T>(static_cast<double>(fs[r]) - mean);
-    }
-  });
+  drive<T>(
+      kt, ch, B * H, n, d, dv,
+      [&](Engine<T>& eng, int64_t bh) {
+        const Active& a = act[bh / H];
+        eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
+        const int64_t nR = eng.rows(), nJ = eng.keys();
+        T* fh = scratch<T>(0, nR);
+        T* gh = scratch<T>(1, nJ);
+        T* fs = has_star ? scratch<T>(2, nR) : nullptr;
+        HeadOut<T> out{Op ? Op + bh * n * dv : nullptr, Ap ? Ap + bh * n * n : nullptr};
+        eng.teacher(T_budget, log_mult, fh, gh, fs, out);
+        if (!want_duals) return;
+        T* fo = fp + bh * n;
+        T* go = gp + bh * n;
+        for (int64_t i = 0; i < n; ++i) fo[i] = kNegInf<T>, go[i] = kNegInf<T>;
+        for (int64_t r = 0; r < nR; ++r) fo[a.rows[r]] = eps * fh[r];
+        for (int64_t j = 0; j < nJ; ++j) go[a.keys[j]] = eps * gh[j];
+        if (has_star) {
+          T* alpha = scratch<T>(3, nR);
+          query_alpha(kt, qp + bh * n * d, a, d, scale, alpha);
+          T* so = fsp + bh * n;
+          T* po = pbp + bh * n;
+          for (int64_t i = 0; i < n; ++i) so[i] = kNegInf<T>, po[i] = kNegInf<T>;
+          double sum = 0;
+          for (int64_t r = 0; r < nR; ++r) {
+            const T fr = eps * fs[r];
+            so[a.rows[r]] = fr;
+            fs[r] = fr + alpha[r];
+            sum += static_cast<double>(fs[r]);
+          }
+          const double mean = sum / static_cast<double>(nR);
+          for (int64_t r = 0; r < nR; ++r) po[a.rows[r]] = static_cast<T>(static_cast<double>(fs[r]) - mean);
+        }
+      },
+      flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv));
   res.f = f;
   res.g = g;
   res.O = O;
@@ -236,7 +265,8 @@ detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const detail::Scal
 // per-thread scratch only.
 template <class T>
 LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& mask, int closures, const RunOptions& opt, const Tuning& tuning) {
+                       const at::Tensor& mask, int closures, const RunOptions& opt, const Tuning& tuning,
+                       std::vector<uint8_t>* nonfinite) {
   const LayerSpec& s = L.spec;
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
@@ -275,10 +305,12 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   // alpha for a thread's heads in one sweep (at n = 17 the per-head calls,
   // each with its index loads and a remainder row, cost 3% of a call).
   T* alpha_all = full ? scratch<T>(5, B * H * n) : nullptr;
-  std::function<void(int64_t, int64_t)> range_alpha;
-  if (full)
-    range_alpha = [&](int64_t b, int64_t e) {
-      kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), alpha_all + b * n);
+  const auto range_check = flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv);
+  std::function<void(int64_t, int64_t)> per_range;
+  if (full || range_check)
+    per_range = [&](int64_t b, int64_t e) {
+      if (range_check) range_check(b, e);
+      if (full) kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), alpha_all + b * n);
     };
   drive<T>(
       kt, ch, B * H, n, d, dv,
@@ -306,7 +338,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
             for (int64_t p = 0; p < P; ++p) o[a.rows[r] * P + p] = ps[p * nR + r];
         }
       },
-      range_alpha);
+      per_range);
   LayerOutput r;
   r.out = O;
   r.attention = A;
@@ -433,7 +465,7 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention, const Tuning& tuning,
-                      bool want_duals) {
+                      bool want_duals, std::vector<uint8_t>* nonfinite_heads) {
   ASAP_CHECK(k.defined(), "teacher: k is undefined");
   require_handled("teacher", q, k, v, key_mask);
   ASAP_CHECK(T >= 1, "Sinkhorn budget T must be at least 1, found ", T);
@@ -448,12 +480,13 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
   if (q.scalar_type() == at::kFloat)
-    return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals);
-  return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals);
+    return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals, nonfinite_heads);
+  return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals, nonfinite_heads);
 }
 
 LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_mask, const RunOptions& opt, const Tuning& tuning) {
+                       const at::Tensor& key_mask, const RunOptions& opt, const Tuning& tuning,
+                       std::vector<uint8_t>* nonfinite_heads) {
   const LayerSpec& s = L.spec;
   ASAP_CHECK(L.kind == OperatorKind::kAsap, "layer '", s.name, "' runs ", L.describe(),
              ": asap::fast::asap_layer runs compiled ASAP maps only (asap::run_layer runs every kind)");
@@ -477,8 +510,9 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   auto qc = q.contiguous();
   auto kc = k.to(q.scalar_type()).contiguous();
   auto vc = v.to(q.scalar_type()).contiguous();
-  if (q.scalar_type() == at::kFloat) return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning);
-  return layer_impl<double>(L, qc, kc, vc, mask, k_closures, opt, tuning);
+  if (q.scalar_type() == at::kFloat)
+    return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning, nonfinite_heads);
+  return layer_impl<double>(L, qc, kc, vc, mask, k_closures, opt, tuning, nonfinite_heads);
 }
 
 at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_mask,

@@ -87,9 +87,14 @@ MachinePeak measure_peak(bool float64 = false, int rounds = 5, const Tuning& tun
 
 // Same as asap::run_teacher_reference (all fields of TeacherResult; with
 // want_duals = false only O and A).
+// nonfinite_heads (may be null) receives one flag per (b, h), b-major: 1
+// where that head's q, k or v holds a NaN or an infinity, found on the
+// head's own thread as it is loaded (run_layer's "NaN in, NaN out" without a
+// serial sweep over the inputs, 4% of a call at n = 17 on 2 threads). The
+// outputs of such heads are left as the kernels computed them.
 TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_mask,
                       double scale, int T, const Convention& c, bool want_attention = true, const Tuning& tuning = {},
-                      bool want_duals = true);
+                      bool want_duals = true, std::vector<uint8_t>* nonfinite_heads = nullptr);
 
 // A reduced-budget Sinkhorn normalizer as deployed: the teacher's loop with
 // budget T', O (and A) only.
@@ -106,7 +111,8 @@ inline TeacherResult sinkhorn_normalizer(const at::Tensor& q, const at::Tensor& 
 // dot product per row, then the closures; phi_hat, the features and the
 // attention matrix are returned only when opt asks for them.
 LayerOutput asap_layer(const CompiledLayer& layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_mask, const RunOptions& opt = {}, const Tuning& tuning = {});
+                       const at::Tensor& key_mask, const RunOptions& opt = {}, const Tuning& tuning = {},
+                       std::vector<uint8_t>* nonfinite_heads = nullptr);
 
 // Same as asap::build_features(q, k, log_marginals(key_mask, ...), theta,
 // family, scale, eps): the feature matrix Psi [B, H, n, P].
