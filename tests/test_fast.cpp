@@ -124,8 +124,14 @@ TEST_CASE("fast: all_finite finds one NaN or infinity anywhere, on every instruc
     for (int64_t n : {1, 7, 16, 63, 64, 65, 200}) {
       CAPTURE(isa);
       CAPTURE(n);
+      // Finite, including the extremes: zeros, subnormals, the largest values.
       std::vector<float> xf(n, 1.5f);
       std::vector<double> xd(n, -2.5);
+      const float ef[] = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max()};
+      const double ed[] = {0.0, -0.0, std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::max(),
+                           -std::numeric_limits<double>::max()};
+      for (int64_t i = 0; i < n; ++i) xf[i] = i % 3 ? xf[i] : ef[i % 5], xd[i] = i % 3 ? xd[i] : ed[i % 5];
       CHECK(K.f32.all_finite(xf.data(), n));
       CHECK(K.f64.all_finite(xd.data(), n));
       for (int64_t i : {int64_t(0), n / 2, n - 1}) {

@@ -47,7 +47,8 @@ struct KernelTable {
   // (E may alias S).
   void (*row_lse)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T* lse, T* E, int64_t lde, T* z);
   // B [cols x ldb] = A^T for A [rows x cols] (lda): W x W blocks in
-  // registers. A's rows are read up to roundup(cols, width) (lda must hold
+  // registers (edge blocks of one or two rows by shuffles, of one or two
+  // columns element by element). A's rows are read up to roundup(cols, width) (lda must hold
   // it; the padding is not used); ldb >= roundup(rows, width), and B's lanes
   // from rows to roundup(rows, width) are written as zeros.
   void (*transpose)(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_t ldb);
