@@ -352,7 +352,8 @@ void check_row_lse(const asap::fast::detail::KernelTable<T>& kt, int64_t rows, i
 
 TEST_CASE("fast: pack_b and row_lse against their definitions on every instruction set") {
   // Covers the register transposes of pack_b (whole W x W blocks, the last
-  // partial block of columns with zero rows past N, and the scalar K edge:
+  // partial block of columns with zero rows past N, one or two keys past the
+  // full blocks by shuffles: n = 17, 33, 130, and the scalar K edge:
   // K = 20, 37, 72) and the register-held rows of row_lse (nc a multiple of
   // the width up to four vectors) next to the general path.
   for (const auto& isa : asap::fast::available_isas()) {
