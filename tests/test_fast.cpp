@@ -409,6 +409,80 @@ TEST_CASE("fast: transpose is A^T with zero padding lanes on every instruction s
   }
 }
 
+// The column kernels' vector tails (col_lse_tail, col_max_tail, col_exp_tail)
+// on the last rem < W columns, from kColVectorTailMin on: against float64
+// definitions, with S's padding lanes NaN (loaded, never used), E's padding
+// lanes and the state past rem left as they were, and a running state
+// carried in (cmax, csum as a previous chunk of rows leaves them).
+template <class T>
+void check_col_tails(const asap::fast::detail::KernelTable<T>& kt, int64_t rows, int64_t rem, double tol) {
+  const int64_t W = kt.width, lds = W + 3;  // rows read up to W lanes; a stride that is not a multiple of W
+  const T nan = std::numeric_limits<T>::quiet_NaN(), sentinel = T(-7);
+  std::vector<T> S(static_cast<size_t>(rows * lds), nan), radd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    radd[r] = static_cast<T>(std::cos(0.9 * static_cast<double>(r)));
+    for (int64_t j = 0; j < rem; ++j) S[r * lds + j] = static_cast<T>(4.0 * std::sin(1.3 * r + 0.71 * j));
+  }
+  // The state a previous chunk left (finite) and past rem a sentinel.
+  std::vector<T> cmax(static_cast<size_t>(W + 1), sentinel), csum(cmax.size(), sentinel);
+  for (int64_t j = 0; j < rem; ++j) cmax[j] = static_cast<T>(0.5 * j - 1.0), csum[j] = static_cast<T>(1.0 + 0.25 * j);
+  auto lse_lse = cmax, lse_sum = csum, mx = cmax;
+  kt.col_lse_tail(rows, rem, S.data(), lds, radd.data(), lse_lse.data(), lse_sum.data());
+  kt.col_max_tail(rows, rem, S.data(), lds, radd.data(), mx.data());
+  // col_exp_tail into E (padding lanes -7, must stay) and in place on a copy of S.
+  std::vector<T> E(static_cast<size_t>(rows * lds), sentinel), Sin = S;
+  auto esum = csum, esum_in = csum;
+  kt.col_exp_tail(rows, rem, S.data(), lds, radd.data(), cmax.data(), esum.data(), E.data(), lds);
+  kt.col_exp_tail(rows, rem, Sin.data(), lds, radd.data(), cmax.data(), esum_in.data(), Sin.data(), lds);
+  int wrong = 0;
+  for (int64_t j = 0; j < rem; ++j) {
+    double m = cmax[j], e = 0;
+    for (int64_t r = 0; r < rows; ++r) m = std::max(m, static_cast<double>(static_cast<T>(S[r * lds + j] + radd[r])));
+    const double lse0 = static_cast<double>(cmax[j]) + std::log(static_cast<double>(csum[j]));
+    double acc = std::exp(lse0 - m);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double x = std::exp(static_cast<double>(S[r * lds + j]) + radd[r] - static_cast<double>(cmax[j]));
+      e += x;
+      acc += std::exp(static_cast<double>(S[r * lds + j]) + radd[r] - m);
+      wrong += !(std::abs(static_cast<double>(E[r * lds + j]) - x) <= tol * x);
+      wrong += !(E[r * lds + j] == Sin[r * lds + j]);
+    }
+    const double lse = m + std::log(acc);
+    const double got = static_cast<double>(lse_lse[j]) + std::log(static_cast<double>(lse_sum[j]));
+    wrong += !(std::abs(got - lse) <= tol * std::max(1.0, std::abs(lse)));
+    wrong += !(static_cast<double>(mx[j]) == m);
+    const double want_sum = static_cast<double>(csum[j]) + e;
+    wrong += !(std::abs(static_cast<double>(esum[j]) - want_sum) <= tol * want_sum);
+    wrong += !(esum_in[j] == esum[j]);
+  }
+  for (int64_t j = rem; j <= W; ++j)  // the state past rem untouched
+    wrong += !(lse_lse[j] == sentinel && lse_sum[j] == sentinel && mx[j] == sentinel && esum[j] == sentinel);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = rem; j < lds; ++j) {
+      wrong += !(E[r * lds + j] == sentinel);
+      wrong += !std::isnan(Sin[r * lds + j]);  // rewritten unchanged in place
+    }
+  CHECK_MESSAGE(wrong == 0, "column tails rows=" << rows << " rem=" << rem << ": " << wrong << " checks failed");
+}
+
+TEST_CASE("fast: the column kernels' vector tails against their definitions on every instruction set") {
+  // The engine runs them on the last rem columns from kColVectorTailMin on
+  // (short and padded sequences: n = 8, 12, 20, ... and most of the padded
+  // text teacher's rows); the fused tests reach them through n = 9, 37 and
+  // the key masks, this test on every rem one by one.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    for (int64_t rows : {1, 5, 17})
+      for (int64_t rem = asap::fast::detail::kColVectorTailMin; rem < K.f32.width; ++rem) {
+        check_col_tails(K.f32, rows, rem, 2e-6);
+        if (rem < K.f64.width) check_col_tails(K.f64, rows, rem, 1e-13);
+      }
+  }
+}
+
 // gemm_nt with N = 1 mod W: the last column, alone in its vector, takes
 // last_column_nt (rows in lanes); with one more column (N + 1) the same
 // column comes from the micro tiles. Both must be the same bits, and both

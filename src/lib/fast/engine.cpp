@@ -237,7 +237,13 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
       const int64_t r1 = std::min(nrows, r0 + chunk_rows);
       int64_t ld;
       const T* t = chunk(r0, r1, c0, c1, tid, &ld);
-      kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, radd + r0, mx + c0, sm + c0);
+      const int64_t rem = (c1 - c0) % kt_.width, nv = c1 - c0 - rem;
+      if (rem >= kColVectorTailMin) {  // the last columns as one vector (kernels.h)
+        kt_.col_lse_chunk(r1 - r0, nv, t, ld, radd + r0, mx + c0, sm + c0);
+        kt_.col_lse_tail(r1 - r0, rem, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
+      } else {
+        kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, radd + r0, mx + c0, sm + c0);
+      }
     }
     for (int64_t c = c0; c < c1; ++c) out[c] = T(0);
     kt_.add_log(sm + c0, out + c0, c1 - c0);
@@ -318,14 +324,19 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
       for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
+      // The last columns as one vector from kColVectorTailMin of them (kernels.h).
+      const int64_t rem = (c1 - c0) % kt_.width, nv = rem >= kColVectorTailMin ? c1 - c0 - rem : c1 - c0;
       for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
         const int64_t r1 = std::min(nR_, r0 + CRc);
-        kt_.col_max(r1 - r0, c1 - c0, S + r0 * ldS_ + c0, ldS_, f + r0, cmax + c0);
+        kt_.col_max(r1 - r0, nv, S + r0 * ldS_ + c0, ldS_, f + r0, cmax + c0);
+        if (nv < c1 - c0) kt_.col_max_tail(r1 - r0, rem, S + r0 * ldS_ + c0 + nv, ldS_, f + r0, cmax + c0 + nv);
       }
       for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
         const int64_t r1 = std::min(nR_, r0 + CRc);
         T* s = S + r0 * ldS_ + c0;
-        kt_.col_exp(r1 - r0, c1 - c0, s, ldS_, f + r0, cmax + c0, csum + c0, s, ldS_);
+        kt_.col_exp(r1 - r0, nv, s, ldS_, f + r0, cmax + c0, csum + c0, s, ldS_);
+        if (nv < c1 - c0)
+          kt_.col_exp_tail(r1 - r0, rem, s + nv, ldS_, f + r0, cmax + c0 + nv, csum + c0 + nv, s + nv, ldS_);
       }
       for (int64_t j = c0; j < c1; ++j) g[j] = T(0);
       kt_.add_log(csum + c0, g + c0, c1 - c0);

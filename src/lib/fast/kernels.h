@@ -20,6 +20,10 @@ namespace detail {
 // latency on every instruction set (4 cycles x 2 ports here).
 constexpr int kPeakChains = 12;
 
+// From how many leftover columns the column kernels' tails run as one vector
+// (KernelTable::col_*_tail; kernels_impl.h says why not fewer).
+constexpr int64_t kColVectorTailMin = 3;
+
 template <class T>
 struct KernelTable {
   const char* isa;  // "generic", "avx2", "avx512"
@@ -52,6 +56,9 @@ struct KernelTable {
   // it; the padding is not used); ldb >= roundup(rows, width), and B's lanes
   // from rows to roundup(rows, width) are written as zeros.
   void (*transpose)(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_t ldb);
+  // Column kernels (col_lse_chunk, col_max, col_exp): S's rows are read up to
+  // roundup(nc, width) (lds must hold it; the padding is not used), E's rows
+  // (col_exp) are rewritten unchanged there.
   // Online column log-sum-exp over a chunk of rows: with per-column state
   // (cmax, csum) meaning LSE = cmax + log(csum), folds in S[r,j] + radd[r].
   void (*col_lse_chunk)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum);
@@ -60,6 +67,13 @@ struct KernelTable {
   // E[r,j] = exp(S[r,j] + radd[r] - cmax[j]); csum[j] += E[r,j] (E may alias S).
   void (*col_exp)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
                   int64_t lde);
+  // The same three on the last rem < width columns as one vector (the engine
+  // calls them for rem >= kColVectorTailMin, the kernels above on the columns
+  // before; below that the kernels above take the columns one by one).
+  void (*col_lse_tail)(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax, T* csum);
+  void (*col_max_tail)(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax);
+  void (*col_exp_tail)(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
+                       int64_t lde);
   // E[r,j] = exp(S[r,j] + radd[r] + cadd[j]) (E may alias S).
   void (*plan)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cadd, T* E, int64_t lde);
   // y[i] = exp(x[i]) with the kernels' own exponential (for tests).

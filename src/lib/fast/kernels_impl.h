@@ -700,6 +700,86 @@ void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_
     }
 }
 
+// The last rem < W columns of a column kernel as one vector (kernels.h:
+// rows are readable up to roundup(nc, W)): lanes past rem are loaded as 0,
+// take exp(0) (an exponential near the clamp returns a subnormal, which
+// costs a microcode assist per lane), and are never stored. From three
+// columns on: with fewer keys than a vector (the padded text teacher's
+// sequences are mostly under 16 tokens) every column ran the scalar loop.
+// One or two columns stay scalar (asap_bench, AVX-512: a vector tail for the
+// one column of n = 17 made the passes 15% slower, for the two of n = 50
+// it gained nothing).
+
+template <class T>
+struct Tail {
+  using V = typename Vec<T>::V;
+  using U = typename Vec<T>::U;
+  using I = typename Vec<T>::UE;
+  static constexpr int W = Vec<T>::W;
+  decltype(U{} < U{}) keep;  // lanes < rem
+  int64_t rem;
+  explicit Tail(int64_t r) : rem(r) {
+    static constexpr TwoRowMasks<I, W> kM{};
+    keep = load<U>(kM.iota) < (U{} + static_cast<I>(r));
+  }
+  V row(const T* s) const { return keep ? load<V>(s) : V{}; }
+  // x[0..rem) as a vector, `pad` in the other lanes.
+  V in(const T* x, T pad) const {
+    alignas(64) T b[W];
+    for (int l = 0; l < W; ++l) b[l] = l < rem ? x[l] : pad;
+    return load<V>(b);
+  }
+  void out(T* x, V v) const {
+    alignas(64) T b[W];
+    store(b, v);
+    for (int64_t l = 0; l < rem; ++l) x[l] = b[l];
+  }
+};
+
+// The tails are their own table entries, called by the engine after the
+// main kernel on the columns before the last rem: a call from inside the
+// main kernel realigned its frame and cost its loops a register (n = 17,
+// where no tail is taken, ran 2-5% slower).
+template <class T>
+void col_lse_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
+  using V = typename Vec<T>::V;
+  const Tail<T> tl(rem);
+  V cm = splat<V>(neg_inf<T>());
+  for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, tl.row(S + r * lds) + splat<V>(radd[r]));
+  const V old = tl.in(cmax, T(0));
+  const V M = vmax(old, cm);
+  V Z = tl.in(csum, T(0)) * vexp_v(tl.keep ? old - M : V{});
+  for (int64_t r = 0; r < rows; ++r) Z += vexp_v(tl.keep ? tl.row(S + r * lds) + splat<V>(radd[r]) - M : V{});
+  tl.out(cmax, M);
+  tl.out(csum, Z);
+}
+
+template <class T>
+void col_max_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax) {
+  using V = typename Vec<T>::V;
+  const Tail<T> tl(rem);
+  V cm = tl.in(cmax, T(0));
+  for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, tl.row(S + r * lds) + splat<V>(radd[r]));
+  tl.out(cmax, cm);
+}
+
+// E's lanes past rem keep what they held (E may be S, read to the same width).
+template <class T>
+void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
+                  int64_t lde) {
+  using V = typename Vec<T>::V;
+  const Tail<T> tl(rem);
+  const V M = tl.in(cmax, T(0));
+  V Z = tl.in(csum, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const V x = vexp_v(tl.keep ? tl.row(S + r * lds) + splat<V>(radd[r]) - M : V{});
+    T* e = E + r * lde;
+    store(e, tl.keep ? x : load<V>(e));
+    Z += x;
+  }
+  tl.out(csum, Z);
+}
+
 template <class T>
 void col_lse_chunk(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
   constexpr int W = Vec<T>::W;
@@ -1075,13 +1155,14 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{ASAP_ISA_NAME,  ASAP_NT_MR,        ASAP_NT_NV * Vec<T>::W,
-                                Vec<T>::W,      &pack_b<T>,        &gemm_nt<T>,
-                                &gemm_nn<T>,    &scale_rows<T>,    &row_lse<T>,
-                                &transpose<T>,  &col_lse_chunk<T>, &col_max<T>,
-                                &col_exp<T>,    &plan<T>,          &vexp<T>,
-                                &add_log_t<T>,  &row_sqnorm<T>,    &map_tail<T>,
-                                &all_finite<T>, &peak_fma<T>};
+  return detail::KernelTable<T>{ASAP_ISA_NAME,    ASAP_NT_MR,        ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,        &pack_b<T>,        &gemm_nt<T>,
+                                &gemm_nn<T>,      &scale_rows<T>,    &row_lse<T>,
+                                &transpose<T>,    &col_lse_chunk<T>, &col_max<T>,
+                                &col_exp<T>,      &col_lse_tail<T>,  &col_max_tail<T>,
+                                &col_exp_tail<T>, &plan<T>,          &vexp<T>,
+                                &add_log_t<T>,    &row_sqnorm<T>,    &map_tail<T>,
+                                &all_finite<T>,   &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
