@@ -223,7 +223,6 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
   // is timed, under max-error nothing outside the bound.
 
   const std::vector<int> order = error_order(c, o);
-  auto err = [&](int i) { return c[static_cast<size_t>(i)].error; };
   auto within = [](double latency, double target) { return latency > 0 && latency <= target * (1 + kTieRel); };
   // The first candidate in `order` that fits the target, timing untimed
   // ones in chunks (in order) as the scan reaches them.

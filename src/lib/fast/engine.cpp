@@ -92,6 +92,7 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
 template <class T>
 Engine<T>::Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, const Choice& ch)
     : kt_(kt), n_(n), d_(d), dv_(dv), dvp_(round_up(std::max<int64_t>(dv, 1), kt.width)), ch_(ch) {
+  ASAP_ASSERT(kt.width > 0 && (kt.width & (kt.width - 1)) == 0);  // vector_columns
   scratch_.resize(std::max(1, ch.threads));
 }
 
@@ -233,17 +234,13 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
   pfor(nb, [&](int64_t b, int tid) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
     for (int64_t c = c0; c < c1; ++c) mx[c] = kNegInf<T>, sm[c] = T(0);
+    const int64_t nv = vector_columns(c1 - c0);
     for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
       const int64_t r1 = std::min(nrows, r0 + chunk_rows);
       int64_t ld;
       const T* t = chunk(r0, r1, c0, c1, tid, &ld);
-      const int64_t rem = (c1 - c0) % kt_.width, nv = c1 - c0 - rem;
-      if (rem >= kColVectorTailMin) {  // the last columns as one vector (kernels.h)
-        kt_.col_lse_chunk(r1 - r0, nv, t, ld, radd + r0, mx + c0, sm + c0);
-        kt_.col_lse_tail(r1 - r0, rem, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
-      } else {
-        kt_.col_lse_chunk(r1 - r0, c1 - c0, t, ld, radd + r0, mx + c0, sm + c0);
-      }
+      kt_.col_lse_chunk(r1 - r0, nv, t, ld, radd + r0, mx + c0, sm + c0);
+      if (nv < c1 - c0) kt_.col_lse_tail(r1 - r0, c1 - c0 - nv, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
     }
     for (int64_t c = c0; c < c1; ++c) out[c] = T(0);
     kt_.add_log(sm + c0, out + c0, c1 - c0);
@@ -324,8 +321,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
       for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
-      // The last columns as one vector from kColVectorTailMin of them (kernels.h).
-      const int64_t rem = (c1 - c0) % kt_.width, nv = rem >= kColVectorTailMin ? c1 - c0 - rem : c1 - c0;
+      const int64_t nv = vector_columns(c1 - c0), rem = c1 - c0 - nv;
       for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
         const int64_t r1 = std::min(nR_, r0 + CRc);
         kt_.col_max(r1 - r0, nv, S + r0 * ldS_ + c0, ldS_, f + r0, cmax + c0);
