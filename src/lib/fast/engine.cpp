@@ -161,12 +161,11 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   csum_.get(nJ_);
   cs_.get(nJ_);
   // Row passes on the transposed tile when they pay (asap_bench, docs/performance.md,
-  // "Row passes on the transposed tile"): from one vector of rows (the column
-  // kernel's scalar tail below it) to 100 keys (at 128 they gain nothing, at
-  // 256 they lose).
-  const int64_t W = kt_.width;
-  use_st_ = ch_.store && need_scores &&
-            (ch_.transposed_rows == 1 || (ch_.transposed_rows < 0 && nR_ >= W && nJ_ <= kTransposedMaxKeys));
+  // "Row passes on the transposed tile"): from kTransposedMinRows rows (fast.h)
+  // to 100 keys (at 128 they gain nothing, at 256 they lose).
+  use_st_ =
+      ch_.store && need_scores &&
+      (ch_.transposed_rows == 1 || (ch_.transposed_rows < 0 && nR_ >= kTransposedMinRows && nJ_ <= kTransposedMaxKeys));
   st_ready_ = false;
   if (ch_.store) {
     T* S = S_.get(nR_ * ldS_);

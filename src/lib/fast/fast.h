@@ -47,10 +47,17 @@ struct Tuning {
   int64_t chunk_rows = 0;  // rows per tile in row passes (0 = automatic)
   // Row passes before the last over a stored tile run as column passes on its
   // transpose (docs/performance.md, "Row passes on the transposed tile"):
-  // -1 = when the head has at least one vector of rows and at most 100 keys,
-  // 0 = never, 1 = whenever the tile is stored.
+  // -1 = when the head has at least kTransposedMinRows rows and at most 100
+  // keys, 0 = never, 1 = whenever the tile is stored.
   int transposed_rows = -1;
 };
+
+// The fewest rows for which row passes run on the transposed tile by default:
+// its column kernels take 3 or more rows past a full vector as one masked
+// vector, and from 5 rows that beats the row kernel's horizontal reductions
+// (asap_bench through run_layer, docs/performance.md: 0.90x the time at
+// n = 5, 0.53-0.86x at n = 6-14; n = 4 even, n = 3 1.1x slower).
+constexpr int64_t kTransposedMinRows = 5;
 
 // Instruction sets compiled in and supported by this CPU, best last.
 std::vector<std::string> available_isas();
