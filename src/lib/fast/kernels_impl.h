@@ -723,10 +723,10 @@ struct Tail {
     keep = load<U>(kM.iota) < (U{} + static_cast<I>(r));
   }
   V row(const T* s) const { return keep ? load<V>(s) : V{}; }
-  // x[0..rem) as a vector, `pad` in the other lanes.
-  V in(const T* x, T pad) const {
+  // x[0..rem) as a vector, 0 in the other lanes (x has only rem entries).
+  V in(const T* x) const {
     alignas(64) T b[W];
-    for (int l = 0; l < W; ++l) b[l] = l < rem ? x[l] : pad;
+    for (int l = 0; l < W; ++l) b[l] = l < rem ? x[l] : T(0);
     return load<V>(b);
   }
   void out(T* x, V v) const {
@@ -746,9 +746,9 @@ void col_lse_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
   const Tail<T> tl(rem);
   V cm = splat<V>(neg_inf<T>());
   for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, tl.row(S + r * lds) + splat<V>(radd[r]));
-  const V old = tl.in(cmax, T(0));
+  const V old = tl.in(cmax);
   const V M = vmax(old, cm);
-  V Z = tl.in(csum, T(0)) * vexp_v(tl.keep ? old - M : V{});
+  V Z = tl.in(csum)*vexp_v(tl.keep ? old - M : V{});
   for (int64_t r = 0; r < rows; ++r) Z += vexp_v(tl.keep ? tl.row(S + r * lds) + splat<V>(radd[r]) - M : V{});
   tl.out(cmax, M);
   tl.out(csum, Z);
@@ -758,7 +758,7 @@ template <class T>
 void col_max_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax) {
   using V = typename Vec<T>::V;
   const Tail<T> tl(rem);
-  V cm = tl.in(cmax, T(0));
+  V cm = tl.in(cmax);
   for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, tl.row(S + r * lds) + splat<V>(radd[r]));
   tl.out(cmax, cm);
 }
@@ -769,8 +769,8 @@ void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
                   int64_t lde) {
   using V = typename Vec<T>::V;
   const Tail<T> tl(rem);
-  const V M = tl.in(cmax, T(0));
-  V Z = tl.in(csum, T(0));
+  const V M = tl.in(cmax);
+  V Z = tl.in(csum);
   for (int64_t r = 0; r < rows; ++r) {
     const V x = vexp_v(tl.keep ? tl.row(S + r * lds) + splat<V>(radd[r]) - M : V{});
     T* e = E + r * lde;
