@@ -6,6 +6,12 @@
 //              [--ref-max-n 2048] [--pytorch] [--pytorch-max-n 2048]
 //              [--wait-policy passive|active] [--keep-blas]
 //              [--features 16,64] [--sort auto|scalar|network|both]
+//              [--lengths 5,11,5,8]
+//
+// --lengths: a key-padding mask, the real lengths of the batch's sequences
+// (cycled over B, each clamped to n; tokens past a length are padding). Every
+// asapc operator gets it (queries kept, as the Sinkformer text model does);
+// the ATen softmax and esp baselines ignore it. Without it no mask is passed.
 //
 // Threads: every runtime gets the same count (--threads, default all
 // cores): the program re-executes itself once with OMP_NUM_THREADS and
@@ -81,16 +87,19 @@ struct Settings {
   // Features-only operators (fast::build_features with L slices, no
   // closures) for these slice counts, reported against one closure pass.
   std::vector<int64_t> feature_slices;
-  std::string sort = "both";  // sort path of the features ops: auto, scalar, network, or both (auto and scalar)
+  std::vector<int64_t> lengths;  // --lengths: real sequence lengths (key mask), cycled over B
+  std::string sort = "both";     // sort path of the features ops: auto, scalar, network, or both (auto and scalar)
 };
 
 struct Inputs {
   at::Tensor q, k, v;
+  at::Tensor mask;  // [B, n] bool key mask (--lengths), or undefined
   int64_t B, H, n, d;
   double scale;
 };
 
-Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed) {
+Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed,
+                   const std::vector<int64_t>& lengths = {}) {
   at::manual_seed(seed);
   Inputs in;
   in.B = B, in.H = H, in.n = n, in.d = d;
@@ -98,6 +107,11 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed) {
   in.k = at::randn({B, H, n, d}, at::kFloat);
   in.v = at::randn({B, H, n, d}, at::kFloat);
   in.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (!lengths.empty()) {
+    in.mask = at::zeros({B, n}, at::kBool);
+    for (int64_t b = 0; b < B; ++b)
+      in.mask[b].narrow(0, 0, std::min(n, lengths[static_cast<size_t>(b) % lengths.size()])).fill_(true);
+  }
   return in;
 }
 
@@ -227,36 +241,36 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
       {"esp", 0, [eye](const Inputs& in) { sink(asap::fast::esp_attention(in.q, in.k, in.v, eye, in.scale, 1.0)); }});
   for (int T : s.Ts) {
     ops.push_back({"teacher_fast", T, [T, c](const Inputs& in) {
-                     sink(asap::fast::teacher(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false, {}, false).O);
+                     sink(asap::fast::teacher(in.q, in.k, in.v, in.mask, in.scale, T, c, false, {}, false).O);
                    }});
     auto tl = std::make_shared<asap::CompiledLayer>(*layer_s3);
     tl->kind = asap::OperatorKind::kTeacher;
     tl->spec.T = T;
     tl->coef = at::zeros({1, 0}, at::kDouble);
     ops.push_back({"layer_teacher", T,
-                   [tl](const Inputs& in) { sink(asap::run_layer(*tl, in.q, in.k, in.v, at::Tensor(), {}).out); }});
+                   [tl](const Inputs& in) { sink(asap::run_layer(*tl, in.q, in.k, in.v, in.mask, {}).out); }});
     if (n <= s.ref_max_n)
       ops.push_back({"teacher_ref", T, [T, c](const Inputs& in) {
-                       sink(asap::run_teacher_reference(in.q, in.k, in.v, at::Tensor(), in.scale, T, c, false).O);
+                       sink(asap::run_teacher_reference(in.q, in.k, in.v, in.mask, in.scale, T, c, false).O);
                      }});
   }
   for (int k : s.ks) {
     asap::RunOptions ro;
     ro.closures = k;
     ops.push_back({"sinkhorn", k, [k, c](const Inputs& in) {
-                     sink(asap::fast::sinkhorn_normalizer(in.q, in.k, in.v, at::Tensor(), in.scale, k, c).O);
+                     sink(asap::fast::sinkhorn_normalizer(in.q, in.k, in.v, in.mask, in.scale, k, c).O);
                    }});
     ops.push_back({"asap", k, [ro, layer](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer, in.q, in.k, in.v, at::Tensor(), ro).out);
+                     sink(asap::fast::asap_layer(*layer, in.q, in.k, in.v, in.mask, ro).out);
                    }});
     ops.push_back({"asap_sm", k, [ro, layer_sm](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, at::Tensor(), ro).out);
+                     sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, in.mask, ro).out);
                    }});
     ops.push_back({"asap_s3", k, [ro, layer_s3](const Inputs& in) {
-                     sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), ro).out);
+                     sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, in.mask, ro).out);
                    }});
     ops.push_back({"layer_s3", k, [ro, layer_s3](const Inputs& in) {
-                     sink(asap::run_layer(*layer_s3, in.q, in.k, in.v, at::Tensor(), ro).out);
+                     sink(asap::run_layer(*layer_s3, in.q, in.k, in.v, in.mask, ro).out);
                    }});
   }
   // Features only: the sliced potentials of fast::build_features for L
@@ -272,7 +286,7 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                        fam.slices = L;
                        const auto old = asap::fast::detail::sort_path();
                        asap::fast::detail::set_sort_path(path);
-                       sink(asap::fast::build_features(in.q, in.k, at::Tensor(), false, *bank, fam, in.scale, 1.0));
+                       sink(asap::fast::build_features(in.q, in.k, in.mask, false, *bank, fam, in.scale, 1.0));
                        asap::fast::detail::set_sort_path(old);
                      }});
     };
@@ -284,7 +298,7 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
     ops.push_back({"asap_ref", 3, [layer](const Inputs& in) {
                      asap::RunOptions o;
                      o.closures = 3;
-                     sink(asap::run_layer_reference(*layer, in.q, in.k, in.v, at::Tensor(), o).out);
+                     sink(asap::run_layer_reference(*layer, in.q, in.k, in.v, in.mask, o).out);
                    }});
   if (!s.only.empty()) {
     std::vector<Op> keep;
@@ -335,10 +349,10 @@ int mem_child(const Settings& s, const std::string& label, int64_t n, int64_t B,
     return 2;
   }
   {  // start thread pools, BLAS and allocator caches on a tiny input
-    auto tiny = make_inputs(1, H, 16, s.d, s.seed + 1);
+    auto tiny = make_inputs(1, H, 16, s.d, s.seed + 1, s.lengths);
     op->run(tiny);
   }
-  auto in = make_inputs(B, H, n, s.d, s.seed);
+  auto in = make_inputs(B, H, n, s.d, s.seed, s.lengths);
   const int64_t rss = status_kb("VmRSS");
   {
     std::ofstream clear("/proc/self/clear_refs");
@@ -410,11 +424,11 @@ std::vector<std::pair<int64_t, int64_t>> parse_bh(const std::string& s) {
 }
 
 void usage() {
-  std::cout
-      << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
-         "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
-         "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
-         "                  [--wait-policy passive|active] [--features L,...] [--sort auto|scalar|network|both]\n";
+  std::cout << "usage: asap_bench [--quick] [--json FILE] [--threads N] [--n LIST] [--bh BxH,...] [--T LIST]\n"
+               "                  [--k LIST] [--d D] [--slices L] [--reps R] [--no-mem] [--mem]\n"
+               "                  [--ref-max-n N] [--pytorch] [--pytorch-max-n N] [--only OPS] [--keep-blas]\n"
+               "                  [--wait-policy passive|active] [--features L,...] [--sort auto|scalar|network|both]\n"
+               "                  [--lengths L,...]\n";
 }
 
 }  // namespace
@@ -462,6 +476,10 @@ int main(int argc, char** argv) try {
       if (s.slices < 0)
         throw std::invalid_argument("--slices: expected 0 (slice-free families) or more, found " +
                                     std::to_string(s.slices));
+    } else if (a == "--lengths") {
+      s.lengths = parse_list<int64_t>(next());
+      for (int64_t l : s.lengths)
+        if (l < 1) throw std::invalid_argument("--lengths: expected lengths of 1 or more, found " + std::to_string(l));
     } else if (a == "--reps") {
       s.reps = std::stoi(next());
     } else if (a == "--no-mem") {
@@ -546,6 +564,7 @@ int main(int argc, char** argv) try {
                      {"k", s.ks},
                      {"reps", s.reps},
                      {"slices", s.slices},
+                     {"lengths", s.lengths},
                      {"ref_max_n", s.ref_max_n},
                      {"memory", s.mem},
                      {"quick", quick},
@@ -584,7 +603,7 @@ int main(int argc, char** argv) try {
 
   for (int64_t n : s.ns) {
     for (auto [B, H] : s.bh) {
-      auto in = make_inputs(B, H, n, s.d, s.seed);
+      auto in = make_inputs(B, H, n, s.d, s.seed, s.lengths);
       auto ops = make_ops(s, n, H);
       std::vector<std::vector<double>> times(ops.size()), cpu(ops.size());
       std::vector<int> want(ops.size(), s.reps);

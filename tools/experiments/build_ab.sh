@@ -9,7 +9,7 @@
 #          && make -C /tmp/old/build asap_bench
 #        tools/experiments/build_ab.sh /tmp/old/build build 17 16 1 16 asap_1 asap_s3_1
 # Each build directory holds tools/asap_bench and libasap.so.0 (found there
-# first, through LD_LIBRARY_PATH). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
+# first, through LD_LIBRARY_PATH). BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 7 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
@@ -26,7 +26,7 @@ for op in "$@"; do
       dir=$old
       [ "$side" = new ] && dir=$new
       LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh 16x4 --d "$d" \
-        --slices "$L" --T 6 --k 1,2,3,4,5,6 --threads "$th" --wait-policy active --reps 401 --no-mem --only "$op" \
+        --slices "$L" --T 6,8 --k 1,2,3,4,5,6 --threads "$th" --wait-policy active --reps 401 --no-mem ${BENCH_ARGS:-} --only "$op" \
         2>/dev/null | "$PYTHON" -c "import json,sys; [print('$side', '$op', r['median_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
     done
   done

@@ -7,7 +7,7 @@
 #
 #   tools/experiments/pair_ratios.sh N D THREADS SLICES A:B [A:B ...]
 #   e.g. tools/experiments/pair_ratios.sh 17 16 1 0 sinkhorn_2:asap_sm_1 sinkhorn_4:asap_s3_1
-# ROUNDS (default 5), BENCH (default build/tools/asap_bench), PYTHON (default /usr/bin/python3).
+# BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), BENCH (default build/tools/asap_bench), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 5 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
@@ -21,8 +21,8 @@ for pair in "$@"; do
   [ "$a" != "$pair" ] || { echo "pair_ratios.sh: expected A:B, found '$pair'" >&2; exit 2; }
   for _ in $(seq 1 "$ROUNDS"); do
     for op in "$a" "$b"; do
-      "$BENCH" --n "$n" --bh 16x4 --d "$d" --slices "$L" --T 6 --k 1,2,3,4,5,6 --threads "$th" \
-        --wait-policy active --reps 401 --no-mem --only "$op" 2>/dev/null |
+      "$BENCH" --n "$n" --bh 16x4 --d "$d" --slices "$L" --T 6,8 --k 1,2,3,4,5,6 --threads "$th" \
+        --wait-policy active --reps 401 --no-mem ${BENCH_ARGS:-} --only "$op" 2>/dev/null |
         "$PYTHON" -c "import json,sys; [print('$op', r['median_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
     done
   done | "$PYTHON" -c "
