@@ -37,6 +37,12 @@ at::Tensor make_mask(int64_t B, int64_t n, int seed) {
   }
   // An interior hole too, when there is room.
   if (n >= 6) m[0][n / 3] = false;
+  // And a left-padded sequence: its keys are one run that does not start at
+  // token 0 (the engine reads such runs of q, k, v and O in place).
+  if (B >= 2 && n >= 3) {
+    m[1].fill_(true);
+    m[1].slice(0, 0, 1 + n / 4).fill_(false);
+  }
   return m;
 }
 

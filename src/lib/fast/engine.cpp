@@ -27,6 +27,7 @@ ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_
   if (mask) sets.per_sequence.resize(B);
   for (int64_t b = 0; b < (mask ? B : 1); ++b) {
     Active& a = mask ? sets.per_sequence[b] : sets.all;
+    a.keys.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
       if (!mask || mask[b * n + i]) a.keys.push_back(i);
     a.all_keys = static_cast<int64_t>(a.keys.size()) == n;
@@ -37,8 +38,14 @@ ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_
       for (int64_t i = 0; i < n; ++i) a.rows[i] = i;
     }
     a.all_rows = static_cast<int64_t>(a.rows.size()) == n;
+    auto run = [](const std::vector<int64_t>& v) {
+      return !v.empty() && v.back() - v.front() + 1 == static_cast<int64_t>(v.size()) ? v.front() : int64_t{-1};
+    };
+    a.row_run = run(a.rows);
+    a.key_run = run(a.keys);
     // Positions of the keys within R, and of R's rows that are not keys.
     a.key_in_rows.resize(a.keys.size());
+    a.extra_rows.reserve(a.rows.size() - a.keys.size());
     size_t kk = 0;
     for (size_t r = 0; r < a.rows.size(); ++r) {
       if (kk < a.keys.size() && a.keys[kk] == a.rows[r])
@@ -126,22 +133,22 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   log_a_ = static_cast<T>(-std::log(static_cast<double>(n_)));
   log_b_ = log_a_;
   // The rows and keys that take part, contiguous (the inputs themselves when all do).
-  auto gather = [&](const T* src, bool all, const std::vector<int64_t>& idx, Buf<T>& buf) -> const T* {
-    if (all) return src;
+  auto gather = [&](const T* src, int64_t run, const std::vector<int64_t>& idx, Buf<T>& buf) -> const T* {
+    if (run >= 0) return src + run * d_;  // consecutive tokens (all of them, or a padded sequence's)
     T* dst = buf.get(static_cast<int64_t>(idx.size()) * d_);
     for (size_t r = 0; r < idx.size(); ++r) std::memcpy(dst + r * d_, src + idx[r] * d_, d_ * sizeof(T));
     return dst;
   };
-  qa_ = gather(q, act.all_rows, act.rows, qa_buf_);
-  ka_ = gather(k, act.all_keys, act.keys, ka_buf_);
+  qa_ = gather(q, act.row_run, act.rows, qa_buf_);
+  ka_ = gather(k, act.key_run, act.keys, ka_buf_);
   // Packed keys for the score tiles; skipped when no pass will run (features
   // without score columns, where packing cost about 8% of the call at n = 50).
   T* kp = need_scores ? kp_.get(ldS_ * d_) : nullptr;
   if (need_scores) kt_.pack_b(nJ_, d_, ka_, d_, static_cast<T>(s_eps), kp);
   has_v_ = v != nullptr;
   vrows_ = nullptr;
-  if (has_v_ && act.all_keys && dvp_ == dv_) {
-    vrows_ = v;  // the value rows as they are: every key, no padding to add
+  if (has_v_ && act.key_run >= 0 && dvp_ == dv_) {
+    vrows_ = v + act.key_run * dv_;  // the value rows as they are: consecutive keys, no padding to add
   } else if (has_v_) {
     T* vp = vp_.get(nJ_ * dvp_);
     vrows_ = vp;
@@ -198,10 +205,10 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
   const int64_t rows = r1 - r0;
   const Active& a = *act_;
   if (out.O && has_v_) {
-    if (a.all_rows && dvp_ == dv_) {
-      // Straight into the output rows (a copy through scratch was 2% of a
-      // 4-pass call at n = 17).
-      kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + r0 * dv_, dv_, rscale);
+    if (a.row_run >= 0 && dvp_ == dv_) {
+      // Straight into the output rows, when they are consecutive (a copy
+      // through scratch was 2% of a 4-pass call at n = 17).
+      kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + (a.row_run + r0) * dv_, dv_, rscale);
     } else {
       T* ot = scratch_[tid].otmp.get(rows * dvp_);
       kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_, rscale);
