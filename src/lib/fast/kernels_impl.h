@@ -172,64 +172,45 @@ inline Vec<double>::V vexp_v(Vec<double>::V x) { return exp_f64<Vec<double>::V, 
 inline float slog(float x) { return __builtin_logf(x); }
 inline double slog(double x) { return __builtin_log(x); }
 
-// log(x) of every lane of a vector of normal floats: the Cephes logf
-// polynomial (about 1 ulp on [1, n], where every row sum lies).
-inline Vec<float>::V vlog_normal(Vec<float>::V x) {
-  using V = Vec<float>::V;
-  using U = Vec<float>::U;
-  const U bits = bits_as<U>(x);
-  V e = __builtin_convertvector((bits >> 23) & 0xffu, V) - 126.0f;
-  x = bits_as<V>((bits & 0x807fffffu) | 0x3f000000u);  // mantissa in [0.5, 1)
-  const auto small = x < 0.707106781186547524f;
-  e = small ? e - 1.0f : e;
-  x = small ? x + x - 1.0f : x - 1.0f;
-  const V zz = x * x;
-  V y = splat<V>(7.0376836292E-2f);
-  y = y * x - 1.1514610310E-1f;
-  y = y * x + 1.1676998740E-1f;
-  y = y * x - 1.2420140846E-1f;
-  y = y * x + 1.4249322787E-1f;
-  y = y * x - 1.6668057665E-1f;
-  y = y * x + 2.0000714765E-1f;
-  y = y * x - 2.4999993993E-1f;
-  y = y * x + 3.3333331174E-1f;
-  y = y * x * zz;
-  y += e * -2.12194440e-4f;
-  y -= 0.5f * zz;
-  return x + y + e * 0.693359375f;
-}
-
-// out[i] += log(z[i]) for i < count: float lanes with vlog_normal, doubles
-// with the libm log. One scalar logf per row was 7% of a pass at n = 17, and
-// one per key past the last full vector 1.4-2% of a padded text call: the
-// last count % W values go through one vector too, padded with ones.
+// out[i] += log(z[i]) for i < count: float lanes with the Cephes logf
+// polynomial (about 1 ulp on [1, n], where every row sum lies), doubles
+// with the libm log. One scalar logf per row was 7% of a pass at n = 17.
 inline void add_log(const float* z, float* out, int64_t count) {
   using V = Vec<float>::V;
+  using U = Vec<float>::U;
   constexpr int W = Vec<float>::W;
-  auto normal = [](const V& x, int lanes) {  // 0, subnormal, inf, NaN: libm's log, lane by lane
-    bool ok = true;
-    for (int l = 0; l < lanes; ++l) ok = ok && x[l] >= 1.17549435e-38f && x[l] <= 3.40282347e+38f;
-    return ok;
-  };
   int64_t i = 0;
   for (; i + W <= count; i += W) {
-    const V x = load<V>(z + i);
-    if (!normal(x, W)) {
+    V x = load<V>(z + i);
+    bool normal = true;  // 0, subnormal, inf, NaN: libm's log, lane by lane
+    for (int l = 0; l < W; ++l) normal = normal && x[l] >= 1.17549435e-38f && x[l] <= 3.40282347e+38f;
+    if (!normal) {
       for (int l = 0; l < W; ++l) out[i + l] += slog(z[i + l]);
       continue;
     }
-    store(out + i, load<V>(out + i) + vlog_normal(x));
+    const U bits = bits_as<U>(x);
+    V e = __builtin_convertvector((bits >> 23) & 0xffu, V) - 126.0f;
+    x = bits_as<V>((bits & 0x807fffffu) | 0x3f000000u);  // mantissa in [0.5, 1)
+    const auto small = x < 0.707106781186547524f;
+    e = small ? e - 1.0f : e;
+    x = small ? x + x - 1.0f : x - 1.0f;
+    const V zz = x * x;
+    V y = splat<V>(7.0376836292E-2f);
+    y = y * x - 1.1514610310E-1f;
+    y = y * x + 1.1676998740E-1f;
+    y = y * x - 1.2420140846E-1f;
+    y = y * x + 1.4249322787E-1f;
+    y = y * x - 1.6668057665E-1f;
+    y = y * x + 2.0000714765E-1f;
+    y = y * x - 2.4999993993E-1f;
+    y = y * x + 3.3333331174E-1f;
+    y = y * x * zz;
+    y += e * -2.12194440e-4f;
+    y -= 0.5f * zz;
+    const V r = x + y + e * 0.693359375f;
+    store(out + i, load<V>(out + i) + r);
   }
-  const int rem = static_cast<int>(count - i);
-  if (rem == 0) return;
-  V x;
-  for (int l = 0; l < W; ++l) x[l] = l < rem ? z[i + l] : 1.0f;
-  if (!normal(x, rem)) {
-    for (int l = 0; l < rem; ++l) out[i + l] += slog(z[i + l]);
-    return;
-  }
-  const V r = vlog_normal(x);
-  for (int l = 0; l < rem; ++l) out[i + l] += r[l];
+  for (; i < count; ++i) out[i] += slog(z[i]);
 }
 inline void add_log(const double* z, double* out, int64_t count) {
   for (int64_t i = 0; i < count; ++i) out[i] += slog(z[i]);
