@@ -256,43 +256,6 @@ TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every inst
   }
 }
 
-TEST_CASE("fast: balanced_split gives contiguous ranges of about equal cost") {
-  using asap::fast::detail::balanced_split;
-  auto check = [](const std::vector<double>& cost, int parts) {
-    const auto cut = balanced_split(cost, parts);
-    CAPTURE(parts);
-    CAPTURE(cost.size());
-    REQUIRE(cut.size() == static_cast<size_t>(parts) + 1);
-    CHECK(cut.front() == 0);
-    CHECK(cut.back() == static_cast<int64_t>(cost.size()));
-    const double total = std::accumulate(cost.begin(), cost.end(), 0.0);
-    const double largest = cost.empty() ? 0.0 : *std::max_element(cost.begin(), cost.end());
-    for (int t = 0; t < parts; ++t) {
-      CHECK(cut[t] <= cut[t + 1]);
-      const double part = std::accumulate(cost.begin() + cut[t], cost.begin() + cut[t + 1], 0.0);
-      CHECK(part <= total / parts + largest + 1e-9);
-    }
-    return cut;
-  };
-  // Equal costs: the even split by count.
-  CHECK(check(std::vector<double>(64, 1.0), 2) == std::vector<int64_t>{0, 32, 64});
-  CHECK(check(std::vector<double>(6, 1.0), 3) == std::vector<int64_t>{0, 2, 4, 6});
-  // A padded batch: four heads of a long sequence, then sixteen of short ones.
-  // By count the first thread would take 4 x 5 + 6 = 26 of 36.
-  std::vector<double> padded(4, 5.0);
-  padded.resize(20, 1.0);
-  CHECK(check(padded, 2) == std::vector<int64_t>{0, 4, 20});
-  // Random costs, more parts than items, one part, no items.
-  at::manual_seed(5);
-  for (int trial = 0; trial < 50; ++trial) {
-    const int64_t N = 1 + trial % 23;
-    auto c = at::rand({N}, at::kDouble) * 10;
-    std::vector<double> cost(c.data_ptr<double>(), c.data_ptr<double>() + N);
-    for (int parts : {1, 2, 3, 7, 40}) check(cost, parts);
-  }
-  CHECK(check({}, 3) == std::vector<int64_t>{0, 0, 0, 0});
-}
-
 TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_peak reports rates") {
   // peak_fma(iters, seed): kPeakChains chains x width lanes of x = x * a + b,
   // chain c starting at seed + c; the result is the sum over chains and lanes.

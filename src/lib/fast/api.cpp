@@ -103,38 +103,18 @@ Engine<T>& thread_engine(const detail::KernelTable<T>& kt, int64_t n, int64_t d,
 
 // per_range(b, e), when given, runs before the heads b..e-1 on the thread
 // that runs them (a range's work done once, e.g. alpha for all its rows).
-// Heads over threads: in equal counts, or under a key mask in ranges of
-// about equal work (a head's tile is nR x nJ: an even split of a padded batch
-// left one thread waiting, about 5% of a call on 2 threads with the text
-// teacher's lengths 5-24 of 32).
 template <class T>
-void drive(const detail::KernelTable<T>& kt, const Choice& ch, const detail::ActiveSets& act, int64_t H, int64_t BH,
-           int64_t n, int64_t d, int64_t dv, const std::function<void(Engine<T>&, int64_t)>& per_head,
+void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64_t n, int64_t d, int64_t dv,
+           const std::function<void(Engine<T>&, int64_t)>& per_head,
            const std::function<void(int64_t, int64_t)>& per_range = {}) {
   const bool cache = n <= kCachedEngineMaxN;
   if (ch.head_parallel) {
-    auto run = [&](int64_t b, int64_t e) {
-      if (b >= e) return;
+    at::parallel_for(0, BH, 1, [&](int64_t b, int64_t e) {
       std::unique_ptr<Engine<T>> own;
       if (!cache) own = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
       Engine<T>& eng = cache ? thread_engine(kt, n, d, dv, ch) : *own;
       if (per_range) per_range(b, e);
       for (int64_t bh = b; bh < e; ++bh) per_head(eng, bh);
-    };
-    const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-    if (act.per_sequence.empty() || threads < 2 || BH < 2 * threads) {
-      at::parallel_for(0, BH, 1, run);
-      return;
-    }
-    std::vector<double> cost(static_cast<size_t>(BH));
-    for (int64_t bh = 0; bh < BH; ++bh) {
-      const Active& a = act[bh / H];
-      const double nR = static_cast<double>(a.rows.size()), nJ = static_cast<double>(a.keys.size());
-      cost[bh] = nR * nJ + 4.0 * (nR + nJ) + 64.0;  // the tile's passes and GEMMs, per-row work, per-head setup
-    }
-    const std::vector<int64_t> cut = detail::balanced_split(cost, threads);
-    at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) run(cut[t], cut[t + 1]);
     });
   } else {
     Engine<T> eng(kt, n, d, dv, ch);
@@ -219,7 +199,7 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   const T eps = static_cast<T>(c.eps);
   const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
   drive<T>(
-      kt, ch, act, H, B * H, n, d, dv,
+      kt, ch, B * H, n, d, dv,
       [&](Engine<T>& eng, int64_t bh) {
         const Active& a = act[bh / H];
         eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
@@ -333,7 +313,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
       if (full) kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), alpha_all + b * n);
     };
   drive<T>(
-      kt, ch, act, H, B * H, n, d, dv,
+      kt, ch, B * H, n, d, dv,
       [&](Engine<T>& eng, int64_t bh) {
         const Active& a = act[bh / H];
         const T* qh = qp + bh * n * d;
@@ -384,7 +364,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   T* out = Psi.data_ptr<T>();
-  drive<T>(kt, ch, act, H, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
+  drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
     const Active& a = act[bh / H];
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fs.needs_scores());
@@ -414,7 +394,7 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
   const T* pp = phi.data_ptr<T>();
   double* op = out.data_ptr<double>();
   const double eps = c.eps;
-  drive<T>(kt, ch, act, H, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
+  drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
     const Active& a = act[bh / H];
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps);

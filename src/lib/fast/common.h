@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <new>
 #include <string>
-#include <vector>
 
 #include "fast/fast.h"
 #include "fast/kernels.h"
@@ -30,13 +29,6 @@ inline const KernelTable<double>& table_of<double>(const Kernels& k) {
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// parts + 1 boundaries 0 = b_0 <= b_1 <= ... <= b_parts = cost.size(): the
-// contiguous ranges [b_t, b_t+1) of items whose summed costs are closest to
-// an equal share each (each boundary at the prefix sum nearest t / parts of
-// the total). A range's cost then exceeds its share by at most the largest
-// single cost.
-std::vector<int64_t> balanced_split(const std::vector<double>& cost, int parts);
 
 // A 64-byte aligned, uninitialised, growable buffer.
 template <class T>

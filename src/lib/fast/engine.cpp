@@ -57,23 +57,6 @@ ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_
   return sets;
 }
 
-std::vector<int64_t> balanced_split(const std::vector<double>& cost, int parts) {
-  const int64_t N = static_cast<int64_t>(cost.size());
-  parts = std::max(1, parts);
-  std::vector<double> prefix(static_cast<size_t>(N) + 1, 0.0);
-  for (int64_t i = 0; i < N; ++i) prefix[i + 1] = prefix[i] + cost[i];
-  std::vector<int64_t> cut(static_cast<size_t>(parts) + 1, N);
-  cut[0] = 0;
-  int64_t i = 0;
-  for (int t = 1; t < parts; ++t) {
-    const double target = prefix[N] * t / parts;
-    while (i < N && prefix[i + 1] <= target) ++i;  // prefix[i] <= target < prefix[i + 1]
-    if (i < N && prefix[i + 1] - target < target - prefix[i]) ++i;
-    cut[t] = std::max(cut[t - 1], i);
-  }
-  return cut;
-}
-
 Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning) {
   Choice c;
   const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
