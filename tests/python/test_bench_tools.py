@@ -195,7 +195,8 @@ def fake_bench(directory, medians):
     path = os.path.join(directory, "tools", "asap_bench")
     table = " ".join(f"{op}={t}" for op, t in medians.items())
     with open(path, "w") as f:
-        f.write("#!/bin/sh\nop=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --only ] && op=$2; shift; done\n"
+        f.write(f"#!/bin/sh\necho \"$*\" >> '{directory}/args.log'\n"
+                "op=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --only ] && op=$2; shift; done\n"
                 f"for kv in {table}; do [ \"${{kv%%=*}}\" = \"$op\" ] && "
                 "printf '{\"results\": [{\"median_s\": %s}]}\\n' \"${kv#*=}\"; done\nexit 0\n")
     os.chmod(path, 0o755)
@@ -222,6 +223,38 @@ def build_ab_and_pair_ratios_print_the_least_medians_and_their_ratio():
         assert "ratio 2.000" in r.stdout, r.stdout
         r = subprocess.run([pr, "17", "16", "1", "0", "bad"], capture_output=True, text=True, env=env)
         assert r.returncode == 2 and "expected A:B, found 'bad'" in r.stderr, r.stderr
+        # BENCH_ARGS reaches every asap_bench call of both tools (a padded batch: --lengths).
+        for f in ("old", "new"):
+            open(os.path.join(d, f, "args.log"), "w").close()
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True,
+                           env=dict(env, BENCH_ARGS="--lengths 5,11"))
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([pr, "17", "16", "1", "0", "sinkhorn_1:asap_1"], capture_output=True, text=True,
+                           env=dict(env, BENCH=os.path.join(old, "tools", "asap_bench"), BENCH_ARGS="--lengths 5,11"))
+        assert r.returncode == 0, r.stderr
+        calls = {f: open(os.path.join(d, f, "args.log")).read().splitlines() for f in ("old", "new")}
+        assert len(calls["old"]) == 2 + 4 and len(calls["new"]) == 2, calls
+        assert all("--lengths 5,11" in c for f in calls for c in calls[f]), calls
+
+
+@test
+def asap_bench_lengths_time_a_padded_batch_and_bad_lists_are_refused():
+    bench = os.environ.get("ASAP_BENCH") or os.path.join(REPO, "build", "tools", "asap_bench")
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "b.json")
+        r = subprocess.run([bench, "--n", "8", "--bh", "2x1", "--d", "4", "--T", "2", "--k", "1", "--slices", "0",
+                            "--reps", "1", "--no-mem", "--threads", "1", "--lengths", "3,8",
+                            "--only", "teacher_fast_2,sinkhorn_1", "--json", out], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        j = json.load(open(out))
+        assert j["settings"]["lengths"] == [3, 8], j["settings"]
+        assert sorted(x["op"] for x in j["results"]) == ["sinkhorn", "teacher_fast"], j["results"]
+    for args, msg in ((["--lengths", "x"], "--lengths: expected a comma-separated list of integers, found 'x'"),
+                      (["--lengths", "3,,4"], "--lengths: expected a comma-separated list of integers, found '3,,4'"),
+                      (["--lengths", "0"], "--lengths: expected lengths of 1 or more, found 0"),
+                      (["--n", "1x7"], "--n: expected a comma-separated list of integers, found '1x7'")):
+        r = subprocess.run([bench] + args + ["--only", "sinkhorn_1"], capture_output=True, text=True)
+        assert r.returncode != 0 and msg in r.stderr, (args, r.returncode, r.stderr)
 
 
 @test

@@ -403,11 +403,23 @@ std::string shell_out(const std::string& cmd) {
 }
 
 template <class T>
-std::vector<T> parse_list(const std::string& s) {
+std::vector<T> parse_list(const std::string& flag, const std::string& s) {
   std::vector<T> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(static_cast<T>(std::stoll(item)));
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size())
+      throw std::invalid_argument(flag + ": expected a comma-separated list of integers, found '" + s + "'");
+    out.push_back(static_cast<T>(v));
+  }
+  if (out.empty()) throw std::invalid_argument(flag + ": expected a comma-separated list of integers, found nothing");
   return out;
 }
 
@@ -462,13 +474,13 @@ int main(int argc, char** argv) try {
     } else if (a == "--threads") {
       s.threads = std::stoi(next());
     } else if (a == "--n") {
-      s.ns = parse_list<int64_t>(next());
+      s.ns = parse_list<int64_t>("--n", next());
     } else if (a == "--bh") {
       s.bh = parse_bh(next());
     } else if (a == "--T") {
-      s.Ts = parse_list<int>(next());
+      s.Ts = parse_list<int>("--T", next());
     } else if (a == "--k") {
-      s.ks = parse_list<int>(next());
+      s.ks = parse_list<int>("--k", next());
     } else if (a == "--d") {
       s.d = std::stoll(next());
     } else if (a == "--slices") {
@@ -477,7 +489,7 @@ int main(int argc, char** argv) try {
         throw std::invalid_argument("--slices: expected 0 (slice-free families) or more, found " +
                                     std::to_string(s.slices));
     } else if (a == "--lengths") {
-      s.lengths = parse_list<int64_t>(next());
+      s.lengths = parse_list<int64_t>("--lengths", next());
       for (int64_t l : s.lengths)
         if (l < 1) throw std::invalid_argument("--lengths: expected lengths of 1 or more, found " + std::to_string(l));
     } else if (a == "--reps") {
@@ -495,7 +507,7 @@ int main(int argc, char** argv) try {
     } else if (a == "--only") {
       s.only = next();
     } else if (a == "--features") {
-      s.feature_slices = parse_list<int64_t>(next());
+      s.feature_slices = parse_list<int64_t>("--features", next());
     } else if (a == "--sort") {
       s.sort = next();
       if (s.sort != "auto" && s.sort != "scalar" && s.sort != "network" && s.sort != "both")
