@@ -37,7 +37,6 @@ ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_
       a.rows.resize(n);
       for (int64_t i = 0; i < n; ++i) a.rows[i] = i;
     }
-    a.all_rows = static_cast<int64_t>(a.rows.size()) == n;
     auto run = [](const std::vector<int64_t>& v) {
       return !v.empty() && v.back() - v.front() + 1 == static_cast<int64_t>(v.size()) ? v.front() : int64_t{-1};
     };

@@ -28,7 +28,7 @@ struct Active {
   std::vector<int64_t> keys;         // J, ascending
   std::vector<int64_t> key_in_rows;  // position in R of each key (J is a subset of R)
   std::vector<int64_t> extra_rows;   // positions in R of rows that are not keys
-  bool all_rows = true, all_keys = true;
+  bool all_keys = true;
   // rows[0] / keys[0] when R / J are one run of consecutive tokens (a
   // right- or left-padded sequence), else -1: the engine then reads those
   // rows of q, k and v in place instead of gathering them row by row.

@@ -748,7 +748,7 @@ void col_lse_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
   for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, tl.row(S + r * lds) + splat<V>(radd[r]));
   const V old = tl.in(cmax);
   const V M = vmax(old, cm);
-  V Z = tl.in(csum)*vexp_v(tl.keep ? old - M : V{});
+  V Z = vexp_v(tl.keep ? old - M : V{}) * tl.in(csum);
   for (int64_t r = 0; r < rows; ++r) Z += vexp_v(tl.keep ? tl.row(S + r * lds) + splat<V>(radd[r]) - M : V{});
   tl.out(cmax, M);
   tl.out(csum, Z);
