@@ -11,6 +11,7 @@ scaling-domain prototype (tools/experiments/scaling_domain.sh) and the score ran
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -249,6 +250,28 @@ def asap_bench_lengths_time_a_padded_batch_and_bad_lists_are_refused():
         j = json.load(open(out))
         assert j["settings"]["lengths"] == [3, 8], j["settings"]
         assert sorted(x["op"] for x in j["results"]) == ["sinkhorn", "teacher_fast"], j["results"]
+    # The mask reaches the operators: on the same seeded inputs, with and
+    # without --lengths, every asapc operator's output changes and the ATen
+    # softmax baseline's (which ignores the mask) does not.
+    ops = "softmax,teacher_fast_2,layer_teacher_2,sinkhorn_1,asap_1,asap_sm_1,asap_s3_1,layer_s3_1"
+
+    def sums(*extra):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "b.json")
+            r = subprocess.run([bench, "--n", "8", "--bh", "2x2", "--d", "4", "--T", "2", "--k", "1", "--slices", "0",
+                                "--reps", "1", "--no-mem", "--threads", "1", "--only", ops, "--json", out] + list(extra),
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            return {x["op"] + "_%d" % x["param"]: x["output_sum"] for x in json.load(open(out))["results"]}
+
+    plain, padded = sums(), sums("--lengths", "3,8")
+    assert sorted(plain) == sorted(padded) and len(plain) == 8, (plain, padded)
+    for op in plain:
+        assert math.isfinite(plain[op]) and math.isfinite(padded[op]), (op, plain[op], padded[op])
+        if op == "softmax_0":
+            assert plain[op] == padded[op], (op, plain[op], padded[op])
+        else:
+            assert abs(plain[op] - padded[op]) > 1e-6 * (1 + abs(plain[op])), (op, plain[op], padded[op])
     for args, msg in ((["--lengths", "x"], "--lengths: expected a comma-separated list of integers, found 'x'"),
                       (["--lengths", "3,,4"], "--lengths: expected a comma-separated list of integers, found '3,,4'"),
                       (["--lengths", "0"], "--lengths: expected lengths of 1 or more, found 0"),

@@ -12,6 +12,9 @@
 // (cycled over B, each clamped to n; tokens past a length are padding). Every
 // asapc operator gets it (queries kept, as the Sinkformer text model does);
 // the ATen softmax and esp baselines ignore it. Without it no mask is passed.
+// Each result carries output_sum, the float64 sum of the operator's output
+// in its warm-up call (inputs are seeded, so runs with and without --lengths
+// can be compared: the asapc operators' sums change, the baselines' do not).
 //
 // Threads: every runtime gets the same count (--threads, default all
 // cores): the program re-executes itself once with OMP_NUM_THREADS and
@@ -152,10 +155,16 @@ struct Op {
   std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
 };
 
-// Reads one element so the result is observably used.
+// Reads one element so the result is observably used. During an operator's
+// warm-up call (g_keep) the output itself is kept, for its checksum in the
+// report (output_sum): what shows that the inputs, --lengths' mask
+// included, reached the operator. Timed calls keep nothing.
 volatile float g_sink = 0;
+bool g_keep = false;
+at::Tensor g_kept;
 void sink(const at::Tensor& t) {
   if (t.defined() && t.numel()) g_sink = t.data_ptr<float>()[0];
+  if (g_keep) g_kept = t;
 }
 
 // The FLOP/exponential bound of an operator on this machine (issue 14, item
@@ -619,11 +628,16 @@ int main(int argc, char** argv) try {
       auto ops = make_ops(s, n, H);
       std::vector<std::vector<double>> times(ops.size()), cpu(ops.size());
       std::vector<int> want(ops.size(), s.reps);
-      // Warm-up; slow operators get fewer repeats.
+      std::vector<double> output_sum(ops.size(), std::nan(""));
+      // Warm-up (and each output's float64 sum); slow operators get fewer repeats.
       for (size_t i = 0; i < ops.size(); ++i) {
+        g_keep = true;
         const double t0 = now_s();
         ops[i].run(in);
         const double dt = now_s() - t0;
+        g_keep = false;
+        if (g_kept.defined()) output_sum[i] = g_kept.sum(at::kDouble).item<double>();
+        g_kept = at::Tensor();
         if (dt > 20.0)
           want[i] = 1;
         else if (dt > 3.0)
@@ -652,6 +666,7 @@ int main(int argc, char** argv) try {
                   {"min_s", *std::min_element(times[i].begin(), times[i].end())},
                   {"cpu_median_s", median(cpu[i])},
                   {"times_s", times[i]}};
+        if (std::isfinite(output_sum[i])) r["output_sum"] = output_sum[i];
         if (s.mem) r["peak_extra_bytes"] = measure_memory(s, ops[i], n, B, H);
         const double bound = bound_s(ops[i], n, B * H, s.d, s.slices, peak);  // final values at the end
         std::fprintf(
