@@ -354,6 +354,24 @@ def scaling_domain_prototype_matches_the_log_domain_and_refuses_wide_scores():
 
 
 @test
+def fork_join_times_the_team_with_the_threads_asked_for():
+    # tools/experiments/fork_join.{sh,cpp}: both timings, on the thread count
+    # given (2 here; LibTorch's own default in Debian's build is 1), and bad
+    # arguments refused in one sentence.
+    import re
+    sh = os.path.join(TOOLS, "experiments", "fork_join.sh")
+    r = subprocess.run([sh, "2", "active"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^(.+?)\s+median (\S+) us \((\d+) threads\)$", r.stdout, re.M)
+    assert [x[0].strip() for x in rows] == ["at::parallel_for(0, 64, 1)", "#pragma omp parallel"], r.stdout
+    assert all(float(x[1]) > 0 and x[2] == "2" for x in rows), rows
+    for args, msg in ((["0"], "expected THREADS as a positive integer, found '0'"),
+                      (["2", "spin"], "expected WAIT_POLICY active or passive, found 'spin'")):
+        r = subprocess.run([sh] + args, capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
+
+
+@test
 def score_range_finds_the_column_far_below_every_row():
     # tools/experiments/score_range.py on a hand-made layer: one head of
     # width 1, queries 1, 2, 1, keys 20, 0, -140, score scale 2 and eps 4, so

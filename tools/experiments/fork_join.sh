@@ -6,6 +6,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 threads="${1:-2}"
 policy="${2:-active}"
+[[ "$threads" =~ ^[1-9][0-9]*$ ]] || { echo "fork_join.sh: expected THREADS as a positive integer, found '$threads'" >&2; exit 2; }
+[[ "$policy" == active || "$policy" == passive ]] ||
+  { echo "fork_join.sh: expected WAIT_POLICY active or passive, found '$policy'" >&2; exit 2; }
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 g++ -O2 -std=c++17 -fopenmp -I/usr/include/torch/csrc/api/include "$here/fork_join.cpp" -o "$out/fork_join" \
