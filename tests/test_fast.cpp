@@ -557,6 +557,18 @@ TEST_CASE("fast: the vectorised log of row and column sums is accurate on every 
     CHECK(o[20] == std::numeric_limits<float>::infinity());
     CHECK(o[33] == doctest::Approx(std::log(1e-40)).epsilon(1e-3));
     CHECK(o[0] == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+    // Every count up to two vectors and one (full vectors, then the values
+    // past them one by one), and nothing past count written.
+    for (int64_t count = 1; count <= 2 * K.f32.width + 1; ++count) {
+      CAPTURE(count);
+      auto zc = at::linspace(1.0, 40.0, count, at::kFloat).contiguous();
+      std::vector<float> oc(static_cast<size_t>(count) + 1, 0.25f);
+      oc[count] = -0.0f;  // sentinel: adding even log(1) = +0 to it would clear its sign bit
+      K.f32.add_log(zc.data_ptr<float>(), oc.data(), count);
+      for (int64_t j = 0; j < count; ++j)
+        CHECK(std::abs(oc[j] - (std::log(static_cast<double>(zc[j].item<float>())) + 0.25)) < 2e-6);
+      CHECK((oc[count] == 0.0f && std::signbit(oc[count])));
+    }
     std::vector<double> zd{1.0, 3.0, 1e5}, od(3, 0.0);
     K.f64.add_log(zd.data(), od.data(), 3);
     for (int i = 0; i < 3; ++i) CHECK(od[i] == doctest::Approx(std::log(zd[i])).epsilon(1e-15));

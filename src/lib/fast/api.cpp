@@ -150,6 +150,14 @@ inline int64_t& range_first() {
   return b;
 }
 
+// An output tensor the heads fill: uninitialised when they write every
+// element, else zeros (rows of dropped padded queries, masked attention
+// columns). Zeroing serially before the heads start was 2% of a padded
+// text batch's call when nothing needed it.
+at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opts, bool every_element) {
+  return every_element ? at::empty(sizes, opts) : at::zeros(sizes, opts);
+}
+
 // Heads h0..h1-1 all finite in q and k [., n, d] and v [., n, dv] (or null).
 template <class T>
 bool heads_finite(const detail::KernelTable<T>& kt, const T* q, const T* k, const T* v, int64_t h0, int64_t h1,
@@ -190,11 +198,10 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   TeacherResult res;
   at::Tensor f, g, O, A, fstar, phibar;
   if (want_duals) f = at::empty({B, H, n}, opts), g = at::empty({B, H, n}, opts);
-  // Every row of O is written unless padded queries are dropped (their rows
-  // stay 0): zeroing it serially was 2% of a padded text batch's call.
+  // Every row of O is written unless padded queries are dropped.
   const bool every_row = full || !c.drop_padded_queries;
-  if (v.defined()) O = every_row ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
-  if (want_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
+  if (v.defined()) O = new_output({B, H, n, dv}, opts, every_row);
+  if (want_attention) A = new_output({B, H, n, n}, opts, full);
   const bool has_star = want_duals && T_budget >= 2;
   if (has_star) fstar = at::empty({B, H, n}, opts), phibar = at::empty({B, H, n}, opts);
   const T* qp = q.data_ptr<T>();
@@ -296,13 +303,12 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const double* cp = coef.data_ptr<double>();
   const bool per_head = coef.size(0) == H && H > 1;
   auto opts = q.options();
-  // As in teacher_impl: O's rows are all written unless padded queries are dropped.
-  const bool every_row = full || !c.drop_padded_queries;
-  at::Tensor O = every_row ? at::empty({B, H, n, dv}, opts) : at::zeros({B, H, n, dv}, opts);
+  const bool every_row = full || !c.drop_padded_queries;  // as in teacher_impl
+  at::Tensor O = new_output({B, H, n, dv}, opts, every_row);
   at::Tensor A, phi, Psi;
-  if (opt.return_attention) A = full ? at::empty({B, H, n, n}, opts) : at::zeros({B, H, n, n}, opts);
-  if (opt.return_phi) phi = full ? at::empty({B, H, n}, opts) : at::zeros({B, H, n}, opts);
-  if (opt.return_features) Psi = full ? at::empty({B, H, n, P}, opts) : at::zeros({B, H, n, P}, opts);
+  if (opt.return_attention) A = new_output({B, H, n, n}, opts, full);
+  if (opt.return_phi) phi = new_output({B, H, n}, opts, full);
+  if (opt.return_features) Psi = new_output({B, H, n, P}, opts, full);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
@@ -317,9 +323,9 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   // alpha for a thread's heads in one sweep (at n = 17 the per-head calls,
   // each with its index loads and a remainder row, cost 3% of a call).
   // Each thread writes its range's alpha to its own scratch (slot 5), from
-  // the range's first head (range_first): with one buffer of the caller's,
-  // the other thread's stores went to the caller's memory, and a call of
-  // two heads on 2 threads ran 0.2-0.4 us slower than on one.
+  // the range's first head (range_first). With one buffer of the caller's,
+  // the other thread's stores went to the caller's memory: two heads on 2
+  // threads took 3.95 us (3.92 on one), now 3.75 (docs/performance.md).
   const auto range_check = flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv);
   std::function<void(int64_t, int64_t)> per_range;
   if (full || range_check)
@@ -378,7 +384,7 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const detail::FeatureSpec<T> fs = feature_spec(fam, bank);
   // Without a mask every row carries mass and is written below; zeroing a
   // large Psi would start a parallel region of its own (about 60 us at n = 50).
-  at::Tensor Psi = mask.defined() ? at::zeros({B, H, n, P}, q.options()) : at::empty({B, H, n, P}, q.options());
+  at::Tensor Psi = new_output({B, H, n, P}, q.options(), !mask.defined());
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   T* out = Psi.data_ptr<T>();
