@@ -575,6 +575,58 @@ TEST_CASE("fast: the vectorised log of row and column sums is accurate on every 
   }
 }
 
+TEST_CASE("fast: a log-sum-exp pass starts and ends in whole vectors on every instruction set") {
+  // lse_start: -inf and 0 over the count rounded up to whole vectors, nothing
+  // past; lse_finish: log_m - mx - log(sm), special sums through libm.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    asap::fast::Tuning t;
+    t.isa = isa;
+    const auto& K = asap::fast::detail::kernels_for(t);
+    const int64_t W = K.f32.width;
+    for (int64_t count = 1; count <= 2 * W + 1; ++count) {
+      CAPTURE(count);
+      const int64_t whole = (count + W - 1) / W * W;
+      std::vector<float> mx(static_cast<size_t>(whole) + 1, 7.0f), sm(static_cast<size_t>(whole) + 1, 7.0f);
+      K.f32.lse_start(mx.data(), sm.data(), count);
+      for (int64_t j = 0; j < whole; ++j) CHECK((mx[j] == -std::numeric_limits<float>::infinity() && sm[j] == 0.0f));
+      CHECK((mx[whole] == 7.0f && sm[whole] == 7.0f));
+      auto m = at::linspace(-30.0, 30.0, count, at::kFloat).contiguous();
+      auto z = at::linspace(1.0, 40.0, count, at::kFloat).flip(0).contiguous();
+      std::vector<float> out(static_cast<size_t>(count) + 1, 0.25f);
+      out[count] = -0.0f;  // sentinel
+      K.f32.lse_finish(m.data_ptr<float>(), z.data_ptr<float>(), 1.5f, out.data(), count);
+      for (int64_t j = 0; j < count; ++j) {
+        const double ref = 1.5 - m[j].item<float>() - std::log(static_cast<double>(z[j].item<float>()));
+        CHECK(std::abs(out[j] - ref) < 4e-6 * std::max(1.0, std::abs(ref)));
+      }
+      CHECK((out[count] == 0.0f && std::signbit(out[count])));
+    }
+    // Zero, infinite, subnormal and NaN sums, in a full vector and past it.
+    const int64_t n = 2 * W + 3;
+    std::vector<float> z(static_cast<size_t>(n), 2.0f), m(static_cast<size_t>(n), 1.0f), out(static_cast<size_t>(n));
+    const float inf = std::numeric_limits<float>::infinity();
+    z[W - 1] = 0.0f;  // the last lane of the first vector
+    z[W + 2] = inf;
+    z[W + 5] = 1e-40f;
+    z[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    K.f32.lse_finish(m.data(), z.data(), 0.0f, out.data(), n);
+    CHECK(out[W - 1] == inf);
+    CHECK(out[W + 2] == -inf);
+    CHECK(out[W + 5] == doctest::Approx(-1.0 - std::log(1e-40)).epsilon(1e-3));
+    CHECK(std::isnan(out[n - 1]));
+    CHECK(out[0] == doctest::Approx(-1.0 - std::log(2.0)).epsilon(1e-6));
+    CHECK(out[W + 3] == doctest::Approx(-1.0 - std::log(2.0)).epsilon(1e-6));
+    std::vector<double> md{0.5, -2.0, 3.0}, zd{1.0, 3.0, 1e5}, od(3);
+    K.f64.lse_finish(md.data(), zd.data(), 2.0, od.data(), 3);
+    for (int i = 0; i < 3; ++i) CHECK(od[i] == doctest::Approx(2.0 - md[i] - std::log(zd[i])).epsilon(1e-15));
+    std::vector<double> a(static_cast<size_t>(K.f64.width) + 1, 7.0), b(static_cast<size_t>(K.f64.width) + 1, 7.0);
+    K.f64.lse_start(a.data(), b.data(), 1);
+    for (int64_t j = 0; j < K.f64.width; ++j) CHECK((std::isinf(a[j]) && a[j] < 0 && b[j] == 0.0));
+    CHECK((a[K.f64.width] == 7.0 && b[K.f64.width] == 7.0));
+  }
+}
+
 TEST_CASE("fast: radix sort is a stable sort with ties by index") {
   at::manual_seed(3);
   asap::fast::detail::SortScratch<float> s32;

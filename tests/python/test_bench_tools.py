@@ -253,7 +253,7 @@ def asap_bench_lengths_time_a_padded_batch_and_bad_lists_are_refused():
     # The mask reaches the operators: on the same seeded inputs, with and
     # without --lengths, every asapc operator's output changes and the ATen
     # softmax baseline's (which ignores the mask) does not.
-    ops = "softmax,teacher_fast_2,layer_teacher_2,sinkhorn_1,asap_1,asap_sm_1,asap_s3_1,layer_s3_1"
+    ops = "softmax,teacher_fast_2,layer_teacher_2,sinkhorn_1,layer_sinkhorn_1,asap_1,asap_sm_1,asap_s3_1,layer_s3_1"
 
     def sums(*extra):
         with tempfile.TemporaryDirectory() as d:
@@ -265,7 +265,11 @@ def asap_bench_lengths_time_a_padded_batch_and_bad_lists_are_refused():
             return {x["op"] + "_%d" % x["param"]: x["output_sum"] for x in json.load(open(out))["results"]}
 
     plain, padded = sums(), sums("--lengths", "3,8")
-    assert sorted(plain) == sorted(padded) and len(plain) == 8, (plain, padded)
+    assert sorted(plain) == sorted(padded) and len(plain) == 9, (plain, padded)
+    # Sinkhorn T' through run_layer (as compile and verify time it) is the
+    # fused normalizer's T' (the same kernels, so the same sums).
+    for s in (plain, padded):
+        assert abs(s["layer_sinkhorn_1"] - s["sinkhorn_1"]) <= 1e-6 * (1 + abs(s["sinkhorn_1"])), s
     for op in plain:
         assert math.isfinite(plain[op]) and math.isfinite(padded[op]), (op, plain[op], padded[op])
         if op == "softmax_0":

@@ -281,6 +281,18 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
     ops.push_back({"layer_s3", k, [ro, layer_s3](const Inputs& in) {
                      sink(asap::run_layer(*layer_s3, in.q, in.k, in.v, in.mask, ro).out);
                    }});
+    // Sinkhorn T' = k through run_layer, as compile and verify time it
+    // (when k is below the largest --T: a stored T' is less than the teacher's T).
+    const int T_max = s.Ts.empty() ? 0 : *std::max_element(s.Ts.begin(), s.Ts.end());
+    if (k < T_max) {
+      auto sl = std::make_shared<asap::CompiledLayer>(*layer_s3);
+      sl->kind = asap::OperatorKind::kSinkhorn;
+      sl->spec.T = T_max;
+      sl->sinkhorn_steps = k;
+      sl->coef = at::zeros({1, 0}, at::kDouble);
+      ops.push_back({"layer_sinkhorn", k,
+                     [sl](const Inputs& in) { sink(asap::run_layer(*sl, in.q, in.k, in.v, in.mask, {}).out); }});
+    }
   }
   // Features only: the sliced potentials of fast::build_features for L
   // slices (one GEMM per head for the projections, the sorts, the 1-D

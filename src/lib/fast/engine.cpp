@@ -14,8 +14,6 @@ namespace fast {
 namespace detail {
 
 namespace {
-template <class T>
-constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 // Rows per chunk in column passes over a stored tile (see col_pass).
 constexpr int64_t kColChunkRows = 32;
 // The most keys for which row passes run on the transposed tile by default.
@@ -159,12 +157,15 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
     }
   }
   // Per-head vectors.
-  lse_.get(nR_);
-  z_.get(nR_);
+  // Whole vectors for lse_start (lse and z are the per-column state of row
+  // passes on the transposed tile, cmax and csum of column passes).
+  const int64_t W = kt_.width;
+  lse_.get(round_up(nR_, W));
+  z_.get(round_up(nR_, W));
   rs_.get(nR_);
   radd_.get(nR_);
-  cmax_.get(nJ_);
-  csum_.get(nJ_);
+  cmax_.get(round_up(nJ_, W));
+  csum_.get(round_up(nJ_, W));
   cs_.get(nJ_);
   // Row passes on the transposed tile when they pay (asap_bench, docs/performance.md,
   // "Row passes on the transposed tile"): from kTransposedMinRows rows (fast.h)
@@ -238,7 +239,7 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
   const int64_t nb = (ncols + bw - 1) / bw;
   pfor(nb, [&](int64_t b, int tid) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
-    for (int64_t c = c0; c < c1; ++c) mx[c] = kNegInf<T>, sm[c] = T(0);
+    kt_.lse_start(mx + c0, sm + c0, c1 - c0);
     const int64_t nv = vector_columns(c1 - c0);
     for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
       const int64_t r1 = std::min(nrows, r0 + chunk_rows);
@@ -247,9 +248,7 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
       kt_.col_lse_chunk(r1 - r0, nv, t, ld, radd + r0, mx + c0, sm + c0);
       if (nv < c1 - c0) kt_.col_lse_tail(r1 - r0, c1 - c0 - nv, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
     }
-    for (int64_t c = c0; c < c1; ++c) out[c] = T(0);
-    kt_.add_log(sm + c0, out + c0, c1 - c0);
-    for (int64_t c = c0; c < c1; ++c) out[c] = log_m - mx[c] - out[c];
+    kt_.lse_finish(mx + c0, sm + c0, log_m, out + c0, c1 - c0);
   });
 }
 
@@ -325,7 +324,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     const T* vp = vrows_;
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
-      for (int64_t j = c0; j < c1; ++j) cmax[j] = kNegInf<T>, csum[j] = T(0);
+      kt_.lse_start(cmax + c0, csum + c0, c1 - c0);
       const int64_t nv = vector_columns(c1 - c0), rem = c1 - c0 - nv;
       for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
         const int64_t r1 = std::min(nR_, r0 + CRc);
@@ -339,12 +338,8 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
         if (nv < c1 - c0)
           kt_.col_exp_tail(r1 - r0, rem, s + nv, ldS_, f + r0, cmax + c0 + nv, csum + c0 + nv, s + nv, ldS_);
       }
-      for (int64_t j = c0; j < c1; ++j) g[j] = T(0);
-      kt_.add_log(csum + c0, g + c0, c1 - c0);
-      for (int64_t j = c0; j < c1; ++j) {
-        g[j] = log_b_ - cmax[j] - g[j];
-        cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
-      }
+      kt_.lse_finish(cmax + c0, csum + c0, log_b_, g + c0, c1 - c0);
+      for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
       if (vs) kt_.scale_rows(c1 - c0, dvp_, vp + c0 * dvp_, dvp_, cs + c0, vs + c0 * dvp_, dvp_);
     });
     const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;

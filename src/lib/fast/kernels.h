@@ -80,6 +80,12 @@ struct KernelTable {
   void (*vexp)(int64_t n, const T* x, T* y);
   // out[i] += log(z[i]) for z[i] >= 1 (row and column sums), vectorised in float32.
   void (*add_log)(const T* z, T* out, int64_t count);
+  // out[i] = log_m - mx[i] - log(sm[i]): the end of a log-sum-exp pass
+  // (LSE = mx + log(sm)), vectorised in float32 like add_log.
+  void (*lse_finish)(const T* mx, const T* sm, T log_m, T* out, int64_t count);
+  // mx[i] = -inf, sm[i] = 0 for i < roundup(count, width) (both must hold
+  // that many): the start of a log-sum-exp pass over the column kernels.
+  void (*lse_start)(T* mx, T* sm, int64_t count);
   // out[r] = half_s * sum_c x_c^2 for the rows x = q + rows[r] * d (the cost
   // offsets alpha of asap-math.md): summed in float64 and rounded to T, or
   // for float32 with d a multiple of width up to 4 * width, in float32 by

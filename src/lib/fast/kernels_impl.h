@@ -175,45 +175,95 @@ inline double slog(double x) { return __builtin_log(x); }
 // out[i] += log(z[i]) for i < count: float lanes with the Cephes logf
 // polynomial (about 1 ulp on [1, n], where every row sum lies), doubles
 // with the libm log. One scalar logf per row was 7% of a pass at n = 17.
-inline void add_log(const float* z, float* out, int64_t count) {
+// Whether any lane of a comparison result (0 or all ones per lane) is set:
+// halves ORed together, log2(W) steps.
+template <class M>
+inline bool any_lane(M m) {
+  constexpr int W = sizeof(M) / sizeof(m[0]);
+  if constexpr (W == 16) {
+    return any_lane(__builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7) |
+                    __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15));
+  } else if constexpr (W == 8) {
+    return any_lane(__builtin_shufflevector(m, m, 0, 1, 2, 3) | __builtin_shufflevector(m, m, 4, 5, 6, 7));
+  } else if constexpr (W == 4) {
+    return any_lane(__builtin_shufflevector(m, m, 0, 1) | __builtin_shufflevector(m, m, 2, 3));
+  } else if constexpr (W == 2) {
+    return (m[0] | m[1]) != 0;
+  } else {
+    return m[0] != 0;
+  }
+}
+
+// log(x) on lanes that are positive normal numbers (Cephes logf polynomial).
+inline Vec<float>::V log_normal(Vec<float>::V x) {
   using V = Vec<float>::V;
   using U = Vec<float>::U;
+  const U bits = bits_as<U>(x);
+  V e = __builtin_convertvector((bits >> 23) & 0xffu, V) - 126.0f;
+  x = bits_as<V>((bits & 0x807fffffu) | 0x3f000000u);  // mantissa in [0.5, 1)
+  const auto small = x < 0.707106781186547524f;
+  e = small ? e - 1.0f : e;
+  x = small ? x + x - 1.0f : x - 1.0f;
+  const V zz = x * x;
+  V y = splat<V>(7.0376836292E-2f);
+  y = y * x - 1.1514610310E-1f;
+  y = y * x + 1.1676998740E-1f;
+  y = y * x - 1.2420140846E-1f;
+  y = y * x + 1.4249322787E-1f;
+  y = y * x - 1.6668057665E-1f;
+  y = y * x + 2.0000714765E-1f;
+  y = y * x - 2.4999993993E-1f;
+  y = y * x + 3.3333331174E-1f;
+  y = y * x * zz;
+  y += e * -2.12194440e-4f;
+  y -= 0.5f * zz;
+  return x + y + e * 0.693359375f;
+}
+// Whether some lane is 0, subnormal, negative, inf or NaN (libm's log then
+// takes the vector lane by lane). A lane is a positive normal number when
+// its bits less the smallest normal's lie below the distance to infinity's:
+// one compare and an OR across the lanes (checking lane by lane spilled the
+// vector and cost a fifth of add_log at n = 17).
+inline bool any_special(Vec<float>::V x) {
+  using U = Vec<float>::U;
+  return any_lane(bits_as<U>(x) - 0x00800000u >= 0x7f000000u);
+}
+
+inline void add_log(const float* z, float* out, int64_t count) {
+  using V = Vec<float>::V;
   constexpr int W = Vec<float>::W;
   int64_t i = 0;
   for (; i + W <= count; i += W) {
-    V x = load<V>(z + i);
-    bool normal = true;  // 0, subnormal, inf, NaN: libm's log, lane by lane
-    for (int l = 0; l < W; ++l) normal = normal && x[l] >= 1.17549435e-38f && x[l] <= 3.40282347e+38f;
-    if (!normal) {
+    const V x = load<V>(z + i);
+    if (any_special(x)) {
       for (int l = 0; l < W; ++l) out[i + l] += slog(z[i + l]);
       continue;
     }
-    const U bits = bits_as<U>(x);
-    V e = __builtin_convertvector((bits >> 23) & 0xffu, V) - 126.0f;
-    x = bits_as<V>((bits & 0x807fffffu) | 0x3f000000u);  // mantissa in [0.5, 1)
-    const auto small = x < 0.707106781186547524f;
-    e = small ? e - 1.0f : e;
-    x = small ? x + x - 1.0f : x - 1.0f;
-    const V zz = x * x;
-    V y = splat<V>(7.0376836292E-2f);
-    y = y * x - 1.1514610310E-1f;
-    y = y * x + 1.1676998740E-1f;
-    y = y * x - 1.2420140846E-1f;
-    y = y * x + 1.4249322787E-1f;
-    y = y * x - 1.6668057665E-1f;
-    y = y * x + 2.0000714765E-1f;
-    y = y * x - 2.4999993993E-1f;
-    y = y * x + 3.3333331174E-1f;
-    y = y * x * zz;
-    y += e * -2.12194440e-4f;
-    y -= 0.5f * zz;
-    const V r = x + y + e * 0.693359375f;
-    store(out + i, load<V>(out + i) + r);
+    store(out + i, load<V>(out + i) + log_normal(x));
   }
   for (; i < count; ++i) out[i] += slog(z[i]);
 }
 inline void add_log(const double* z, double* out, int64_t count) {
   for (int64_t i = 0; i < count; ++i) out[i] += slog(z[i]);
+}
+// add_log's loop with another store. (One loop for both, taking the stores as
+// lambdas, ran the n = 17 operators 1-2% slower: build_ab.sh, 7 rounds.)
+inline void lse_finish(const float* mx, const float* sm, float log_m, float* out, int64_t count) {
+  using V = Vec<float>::V;
+  constexpr int W = Vec<float>::W;
+  int64_t i = 0;
+  for (; i + W <= count; i += W) {
+    const V x = load<V>(sm + i);
+    if (any_special(x)) {
+      for (int l = 0; l < W; ++l) out[i + l] = log_m - mx[i + l] - slog(sm[i + l]);
+      continue;
+    }
+    store(out + i, splat<V>(log_m) - load<V>(mx + i) - log_normal(x));
+  }
+  for (; i < count; ++i) out[i] = log_m - mx[i] - slog(sm[i]);
+}
+inline void lse_finish(const double* mx, const double* sm, double log_m, double* out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) out[i] = log_m - mx[i] - slog(sm[i]);
 }
 
 // Horizontal sum and max by halving (log2 W vector steps instead of W
@@ -903,6 +953,26 @@ void add_log_t(const T* z, T* out, int64_t count) {
   add_log(z, out, count);
 }
 
+template <class T>
+void lse_finish_t(const T* mx, const T* sm, T log_m, T* out, int64_t count) {
+  lse_finish(mx, sm, log_m, out, count);
+}
+
+// mx[j] = -inf and sm[j] = 0 over roundup(count, width) entries, in whole
+// vectors: the column kernels load them back as whole vectors, which
+// store-to-load forwarding serves from these stores (from the engine's
+// scalar stores it cannot, and each such load waited for them to reach the
+// cache).
+template <class T>
+void lse_start(T* mx, T* sm, int64_t count) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t i = 0; i < count; i += W) {
+    store(mx + i, splat<V>(neg_inf<T>()));
+    store(sm + i, V{});
+  }
+}
+
 // Shuffle masks of lane_sums, built at compile time: round s (h = W / 2^(s+1))
 // adds lane j and lane j + h of the pair's first vector into lane j, and
 // lanes j - h and j of its second into lane j + h (j with bit h clear).
@@ -1161,8 +1231,9 @@ constexpr detail::KernelTable<T> make_table() {
                                 &transpose<T>,    &col_lse_chunk<T>, &col_max<T>,
                                 &col_exp<T>,      &col_lse_tail<T>,  &col_max_tail<T>,
                                 &col_exp_tail<T>, &plan<T>,          &vexp<T>,
-                                &add_log_t<T>,    &row_sqnorm<T>,    &map_tail<T>,
-                                &all_finite<T>,   &peak_fma<T>};
+                                &add_log_t<T>,    &lse_finish_t<T>,  &lse_start<T>,
+                                &row_sqnorm<T>,   &map_tail<T>,      &all_finite<T>,
+                                &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
