@@ -29,6 +29,13 @@ using asap_test::tol_of;
 
 namespace {
 
+// The kernel tables of one instruction set (asap::fast::available_isas()).
+const asap::fast::detail::Kernels& kernels_of(const std::string& isa) {
+  asap::fast::Tuning t;
+  t.isa = isa;
+  return asap::fast::detail::kernels_for(t);
+}
+
 at::Tensor make_mask(int64_t B, int64_t n, int seed) {
   auto m = at::ones({B, n}, at::kBool);
   for (int64_t b = 0; b < B; ++b) {
@@ -98,9 +105,7 @@ TEST_CASE("fast: exponential kernels are accurate on every instruction set") {
   auto xf = at::linspace(-87.0, 88.0, 20001, at::kDouble);
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     auto x32 = xf.to(at::kFloat).contiguous();
     auto y32 = at::empty_like(x32);
     K.f32.vexp(x32.numel(), x32.data_ptr<float>(), y32.data_ptr<float>());
@@ -124,9 +129,7 @@ TEST_CASE("fast: all_finite finds one NaN or infinity anywhere, on every instruc
   // vector block, the unrolled part or the tail would let NaN in give a
   // finite answer out.
   for (const auto& isa : asap::fast::available_isas()) {
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     for (int64_t n : {1, 7, 16, 63, 64, 65, 200}) {
       CAPTURE(isa);
       CAPTURE(n);
@@ -163,9 +166,7 @@ TEST_CASE("fast: map_tail is the slice-free map's dual and centered phi on every
   // x = ca alpha + b1 f1 + b3 f3, f = (x - alpha) / eps, phi = x - mean(x):
   // a lane block, the tail or a dropped term would change f or phi.
   for (const auto& isa : asap::fast::available_isas()) {
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t).f64;
+    const auto& K = kernels_of(isa).f64;
     for (int64_t n : {1, 5, 16, 17, 33}) {
       for (int terms = 0; terms < 4; ++terms) {
         CAPTURE(isa);
@@ -205,9 +206,7 @@ TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every inst
   // row order would swap or mix rows.
   at::manual_seed(5);
   for (const auto& isa : asap::fast::available_isas()) {
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     for (int64_t d : {1, 2, 7, 8, 16, 17, 64}) {
       for (int64_t count : {1, 3, 8, 9, 17, 19, 33}) {
         CAPTURE(isa);
@@ -261,9 +260,7 @@ TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_pe
   // chain c starting at seed + c; the result is the sum over chains and lanes.
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     const int64_t iters = 1000;
     auto expect = [&](double seed, double a, double b, int width) {
       double sum = 0;
@@ -278,6 +275,8 @@ TEST_CASE("fast: the peak probe does the multiply-adds it counts, and measure_pe
     CHECK(std::abs(K.f64.peak_fma(iters, 0.5) - e64) < 1e-9 * std::abs(e64));
     const double e32 = expect(0.5, static_cast<double>(0.999999f), static_cast<double>(1e-7f), K.f32.width);
     CHECK(std::abs(K.f32.peak_fma(iters, 0.5f) - e32) < 1e-3 * std::abs(e32));  // float rounding over 1000 steps
+    asap::fast::Tuning t;
+    t.isa = isa;
     const auto pk = asap::fast::measure_peak(false, 1, t);
     CHECK(pk.isa == isa);
     CHECK(pk.threads == at::get_num_threads());
@@ -364,9 +363,7 @@ TEST_CASE("fast: pack_b and row_lse against their definitions on every instructi
   // the width up to four vectors) next to the general path.
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
              {1, 1}, {5, 3}, {8, 8}, {16, 16}, {17, 16}, {33, 20}, {64, 64}, {70, 37}, {130, 72}}) {
       check_pack_b(K.f32, n, k);
@@ -404,9 +401,7 @@ void check_transpose(const asap::fast::detail::KernelTable<T>& kt, int64_t rows,
 TEST_CASE("fast: transpose is A^T with zero padding lanes on every instruction set") {
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     for (int64_t rows : {1, 7, 8, 16, 17, 33, 50})
       for (int64_t cols : {1, 5, 16, 17, 40, 64}) {
         check_transpose(K.f32, rows, cols);
@@ -478,9 +473,7 @@ TEST_CASE("fast: the column kernels' vector tails against their definitions on e
   // the key masks, this test on every rem one by one.
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     for (int64_t rows : {1, 5, 17})
       for (int64_t rem = asap::fast::detail::kColVectorTailMin; rem < K.f32.width; ++rem) {
         check_col_tails(K.f32, rows, rem, 2e-6);
@@ -523,9 +516,7 @@ void check_last_column(const asap::fast::detail::KernelTable<T>& kt, int64_t M, 
 TEST_CASE("fast: gemm_nt's lone last column (n = 17, 33, ...) is the micro tiles' bits on every instruction set") {
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     const int64_t W = K.f32.width;
     for (int64_t M : {1, 5, 17, 40})
       for (int64_t N : {int64_t{1}, W + 1, 2 * W + 1, 4 * W + 1})
@@ -541,9 +532,7 @@ TEST_CASE("fast: the vectorised log of row and column sums is accurate on every 
   auto z = at::exp(at::linspace(0.0, 20.0, 20001, at::kDouble)).to(at::kFloat).contiguous();
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     auto out = at::full_like(z, 0.5f);  // the kernel adds to what is there
     K.f32.add_log(z.data_ptr<float>(), out.data_ptr<float>(), z.numel());
     auto ref = at::log(z.to(at::kDouble)) + 0.5;
@@ -580,9 +569,7 @@ TEST_CASE("fast: a log-sum-exp pass starts and ends in whole vectors on every in
   // past; lse_finish: log_m - mx - log(sm), special sums through libm.
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
-    asap::fast::Tuning t;
-    t.isa = isa;
-    const auto& K = asap::fast::detail::kernels_for(t);
+    const auto& K = kernels_of(isa);
     const int64_t W = K.f32.width;
     for (int64_t count = 1; count <= 2 * W + 1; ++count) {
       CAPTURE(count);

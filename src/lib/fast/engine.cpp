@@ -158,7 +158,9 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   }
   // Per-head vectors.
   // Whole vectors for lse_start (lse and z are the per-column state of row
-  // passes on the transposed tile, cmax and csum of column passes).
+  // passes on the transposed tile, cmax and csum of column passes). Column
+  // blocks start on whole vectors (their width is rounded to the vector or
+  // the panel), so a block's rounded count ends within these sizes.
   const int64_t W = kt_.width;
   lse_.get(round_up(nR_, W));
   z_.get(round_up(nR_, W));

@@ -172,9 +172,6 @@ inline Vec<double>::V vexp_v(Vec<double>::V x) { return exp_f64<Vec<double>::V, 
 inline float slog(float x) { return __builtin_logf(x); }
 inline double slog(double x) { return __builtin_log(x); }
 
-// out[i] += log(z[i]) for i < count: float lanes with the Cephes logf
-// polynomial (about 1 ulp on [1, n], where every row sum lies), doubles
-// with the libm log. One scalar logf per row was 7% of a pass at n = 17.
 // Whether any lane of a comparison result (0 or all ones per lane) is set:
 // halves ORed together, log2(W) steps.
 template <class M>
@@ -229,6 +226,9 @@ inline bool any_special(Vec<float>::V x) {
   return any_lane(bits_as<U>(x) - 0x00800000u >= 0x7f000000u);
 }
 
+// out[i] += log(z[i]) for i < count: float lanes with the Cephes logf
+// polynomial (about 1 ulp on [1, n], where every row sum lies), doubles
+// with the libm log. One scalar logf per row was 7% of a pass at n = 17.
 inline void add_log(const float* z, float* out, int64_t count) {
   using V = Vec<float>::V;
   constexpr int W = Vec<float>::W;
