@@ -349,6 +349,40 @@ def a_rank_that_never_joins_is_named():
     assert not os.path.exists(out)
 
 
+def ignored_signals(pid):
+    """The set of signal numbers a running process ignores (/proc/PID/status, SigIgn)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return {s for s in range(1, 65) if mask >> (s - 1) & 1}
+    raise AssertionError("no SigIgn line for pid %d" % pid)
+
+
+@test
+def a_rank_in_a_group_survives_a_peer_closing_its_sockets():
+    # Gloo writes to its peers with writev (no MSG_NOSIGNAL): with SIGPIPE's
+    # default action, a write after a peer stopped ends the process with no
+    # sentence. A rank ignores SIGPIPE from the moment it joins (subprocess
+    # starts it with the default action), so the write fails and the rank
+    # names its peer instead.
+    out = os.path.join(TMP, "sigpipe.asap.h5")
+    argv = compile_args(out, extra=["--no-report", "--dist-timeout", "60"]) + [
+        "--dist-init", "tcp://127.0.0.1:%d" % free_port(), "--rank", "0", "--world-size", "2"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_launchers())
+    try:
+        # Rank 0 waits up to --dist-timeout for rank 1, which never starts.
+        deadline = time.time() + 45
+        while signal.SIGPIPE not in ignored_signals(p.pid):
+            assert p.poll() is None, "rank 0 exited %s before ignoring SIGPIPE: %s" % (p.returncode, p.stderr.read())
+            assert time.time() < deadline, "rank 0 still has SIGPIPE's default action while joining"
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.communicate()
+    assert not os.path.exists(out)
+
+
 @test
 def mismatched_options_are_refused():
     out = os.path.join(TMP, "mismatch.asap.h5")

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -50,6 +51,13 @@ std::atomic<Communicator*> g_active{nullptr};
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const DistEnv& env, double timeout_s) : env_(env), timeout_s_(timeout_s) {
+    // Gloo sends with writev, without MSG_NOSIGNAL: once a peer has closed
+    // its sockets (a rank that stopped), the next write raises SIGPIPE, whose
+    // default action ends this process at once with no sentence. (Python,
+    // where torch.distributed usually runs, ignores SIGPIPE.) Ignored, the
+    // write fails with EPIPE, Gloo throws, and collective() waits for the
+    // watcher to name the rank that stopped.
+    std::signal(SIGPIPE, SIG_IGN);
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(env.port);
