@@ -563,3 +563,15 @@ TEST_CASE("calib: compressed datasets whose every chunk is stored are read (comp
   CHECK(cf.info("l0").N == 300);
   CHECK(cf.read("l0", 256, 44).x.size(0) == 44);
 }
+
+TEST_CASE("calib: a chunk index that claims more bytes than the file holds is refused before any read") {
+  // fuzz_calib's input: the one chunk of layers.0.mha/x recorded as
+  // 4294910720 bytes in a 39912-byte file; HDF5 allocated 4 GiB to read it.
+  const std::string path = std::string(ASAP_SOURCE_DIR) + "/fuzz/regressions/calib/chunk_claims_4GiB_in_40KB_file.h5";
+  CHECK(contains(error_of([&] {
+                   asap::CalibFile cf(path);
+                   for (const std::string& name : cf.layer_names()) (void)cf.read(name, 0, 1);
+                 }),
+                 "dataset '/layers/layers.0.mha/x' records 4294910720 bytes of stored data, more than the whole file "
+                 "(39912 bytes): its storage index is damaged, so it is refused"));
+}

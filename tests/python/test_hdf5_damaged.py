@@ -1,5 +1,5 @@
 """Damaged HDF5 files through the CLI (issue 28, item 2; docs/reliability.md,
-H1-H4): `asapc inspect`, `asapc compile --calib` and `asapc verify --artifact`
+H1-H5 and H9, and the chunk index of fuzz/regressions/calib/): `asapc inspect`, `asapc compile --calib` and `asapc verify --artifact`
 each give one sentence on stderr and exit 2, with nothing from HDF5, no
 crash, no hang and no large allocation; the files of the old string form
 are refused with how to convert them, and the converter makes them readable.
@@ -122,6 +122,31 @@ def h5_damaged_object_header_leak():
     # Found by fuzz_artifact -seed=1 (2026-11-25): H5Oget_info_by_name leaks on
     # a damaged object header, and HDF5 used to print at exit.
     refused_in_one_sentence(os.path.join(KNOWN, "artifact", "H5O_get_info-leak-damaged-header.h5"))
+
+
+@test
+def h9_damaged_layout_message_leak():
+    # Found by fuzz_calib -seed=1 (2026-11-27): H5Dopen2 leaks the layout
+    # message of a dataset it cannot open.
+    path = os.path.join(KNOWN, "calib", "H5D_open-leak-damaged-layout.h5")
+    said = "HDF5 error at '/layers/enc.attn/k' while opening the dataset: chunk size must be < 4GB"
+    refused_in_one_sentence(path, only={"inspect": [said], "compile --calib": [said], "verify --artifact": CALIB})
+
+
+@test
+def chunk_index_claiming_4gib_in_a_40kb_file():
+    # fuzz_calib -seed=1 (2026-11-27): HDF5 allocated the 4 GiB the damaged
+    # chunk index claims before finding the chunk past the end of the file.
+    # asapc now refuses the dataset first; under this test's 1.5 GiB address
+    # space the old allocation fails and the sentence differs.
+    path = os.path.join(ROOT, "fuzz", "regressions", "calib", "chunk_claims_4GiB_in_40KB_file.h5")
+    said = ("dataset '/layers/layers.0.mha/x' records 4294910720 bytes of stored data, more than the whole file "
+            "(39912 bytes): its storage index is damaged, so it is refused")
+    refused_in_one_sentence(path, only={"inspect": [said], "compile --calib": [said], "verify --artifact": CALIB})
+
+
+# A calibration file handed to verify as the artifact.
+CALIB = ["is not an asapc artifact: root attribute 'format' is 'asapc-calib', expected 'asapc-artifact'"]
 
 
 def fresh_artifact():
