@@ -527,6 +527,54 @@ TEST_CASE("fast: gemm_nt's lone last column (n = 17, 33, ...) is the micro tiles
   }
 }
 
+// gemm_tn on A^T against gemm_nn on A: the same sums in the same order, so
+// the same bits, with and without row scales; and gemm_nn against float64.
+template <class T>
+void check_gemm_tn(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int64_t N, int64_t Nv) {
+  const int64_t lda = N + 3, ldat = M + 5, ldc = Nv + kt.width;
+  std::vector<T> A(static_cast<size_t>(M * lda)), AT(static_cast<size_t>(N * ldat)), B(static_cast<size_t>(N * Nv));
+  std::vector<T> rs(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j)
+      A[i * lda + j] = AT[j * ldat + i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i * N + j)) + 1.5);
+  for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<T>(std::cos(0.23 * static_cast<double>(i)));
+  for (int64_t i = 0; i < M; ++i) rs[i] = static_cast<T>(0.5 + 0.01 * static_cast<double>(i));
+  for (const T* scale : {static_cast<const T*>(nullptr), static_cast<const T*>(rs.data())}) {
+    std::vector<T> C1(static_cast<size_t>(M * ldc), T(7)), C2(C1);
+    kt.gemm_nn(M, N, Nv, A.data(), lda, B.data(), Nv, C1.data(), ldc, scale);
+    kt.gemm_tn(M, N, Nv, AT.data(), ldat, B.data(), Nv, C2.data(), ldc, scale);
+    int differ = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t c = 0; c < Nv; ++c) {
+        differ += C1[i * ldc + c] != C2[i * ldc + c];
+        double ref = 0, mag = 0;
+        for (int64_t j = 0; j < N; ++j) {
+          const double t = static_cast<double>(A[i * lda + j]) * static_cast<double>(B[j * Nv + c]);
+          ref += t;
+          mag += std::abs(t);
+        }
+        if (scale) ref *= static_cast<double>(rs[i]), mag *= static_cast<double>(rs[i]);
+        worst = std::max(worst, std::abs(static_cast<double>(C1[i * ldc + c]) - ref) / mag);
+      }
+    CHECK_MESSAGE(differ == 0, "gemm_tn M=" << M << " N=" << N << " Nv=" << Nv << ": " << differ << " entries differ");
+    CHECK_MESSAGE(worst < 1e-5, "gemm_nn M=" << M << " N=" << N << " Nv=" << Nv << ": off by " << worst);
+  }
+}
+
+TEST_CASE("fast: gemm_tn is gemm_nn of the transposed operand, bit for bit, on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    const auto& K = kernels_of(isa);
+    for (int64_t M : {1, 5, 17, 40})
+      for (int64_t N : {1, 17, 33})
+        for (int64_t nv : {1, 2, 5}) {
+          check_gemm_tn(K.f32, M, N, nv * K.f32.width);
+          check_gemm_tn(K.f64, M, N, nv * K.f64.width);
+        }
+  }
+}
+
 TEST_CASE("fast: the vectorised log of row and column sums is accurate on every instruction set") {
   // Sums lie in [1, n]; zero, subnormal, inf and NaN lanes take libm's log.
   auto z = at::exp(at::linspace(0.0, 20.0, 20001, at::kDouble)).to(at::kFloat).contiguous();

@@ -203,32 +203,31 @@ T* Engine<T>::tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int6
 
 template <class T>
 void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
-                     int tid, const HeadOut<T>& out) {
+                     int tid, const HeadOut<T>& out, bool transposed) {
   const int64_t rows = r1 - r0;
   const Active& a = *act_;
+  const auto gemm = transposed ? kt_.gemm_tn : kt_.gemm_nn;
   if (out.O && has_v_) {
     if (a.row_run >= 0 && dvp_ == dv_) {
       // Straight into the output rows, when they are consecutive (a copy
       // through scratch was 2% of a 4-pass call at n = 17).
-      kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + (a.row_run + r0) * dv_, dv_, rscale);
+      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + (a.row_run + r0) * dv_, dv_, rscale);
     } else {
       T* ot = scratch_[tid].otmp.get(rows * dvp_);
-      kt_.gemm_nn(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_, rscale);
+      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_, rscale);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(out.O + a.rows[r0 + r] * dv_, ot + r * dvp_, dv_ * sizeof(T));
     }
   }
   if (out.A) {
+    // E's entry (r, j): E[r * lde + j], or E[j * lde + r] when transposed.
+    const int64_t rstep = transposed ? 1 : lde, jstep = transposed ? lde : 1;
     for (int64_t r = 0; r < rows; ++r) {
       const T sc = rscale ? rscale[r] : T(1);
       T* arow = out.A + a.rows[r0 + r] * n_;
-      const T* e = E + r * lde;
-      if (a.all_keys) {
-        if (cscale)
-          for (int64_t j = 0; j < nJ_; ++j) arow[j] = sc * e[j] * cscale[j];
-        else
-          for (int64_t j = 0; j < nJ_; ++j) arow[j] = sc * e[j];
-      } else {
-        for (int64_t j = 0; j < nJ_; ++j) arow[a.keys[j]] = sc * e[j] * (cscale ? cscale[j] : T(1));
+      const T* e = E + r * rstep;
+      for (int64_t j = 0; j < nJ_; ++j) {
+        const T x = sc * e[j * jstep] * (cscale ? cscale[j] : T(1));
+        arow[a.all_keys ? j : a.keys[j]] = x;
       }
     }
   }
@@ -255,6 +254,32 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
 }
 
 template <class T>
+template <class Block>
+void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m,
+                                 T* mx, T* sm, T* out, const Block& block) {
+  const int64_t nb = (ncols + bw - 1) / bw;
+  const int64_t CR = kColChunkRows;
+  pfor(nb, [&](int64_t b, int) {
+    const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
+    kt_.lse_start(mx + c0, sm + c0, c1 - c0);
+    const int64_t nv = vector_columns(c1 - c0), rem = c1 - c0 - nv;
+    for (int64_t r0 = 0; r0 < nrows; r0 += CR) {
+      const int64_t r1 = std::min(nrows, r0 + CR);
+      kt_.col_max(r1 - r0, nv, M + r0 * ldm + c0, ldm, radd + r0, mx + c0);
+      if (rem > 0) kt_.col_max_tail(r1 - r0, rem, M + r0 * ldm + c0 + nv, ldm, radd + r0, mx + c0 + nv);
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += CR) {
+      const int64_t r1 = std::min(nrows, r0 + CR);
+      T* m = M + r0 * ldm + c0;
+      kt_.col_exp(r1 - r0, nv, m, ldm, radd + r0, mx + c0, sm + c0, m, ldm);
+      if (rem > 0) kt_.col_exp_tail(r1 - r0, rem, m + nv, ldm, radd + r0, mx + c0 + nv, sm + c0 + nv, m + nv, ldm);
+    }
+    kt_.lse_finish(mx + c0, sm + c0, log_m, out + c0, c1 - c0);
+    block(c0, c1);
+  });
+}
+
+template <class T>
 void Engine<T>::build_transposed() {
   // The same values as S' (a copy), so both layouts give one score tile.
   ldST_ = round_up(nR_, kt_.width);
@@ -268,9 +293,30 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
   T* lse = lse_.data();
   T* z = z_.data();
-  // The final pass stays below: from the transpose it would take a second
-  // exponential sweep for E, which cost what it saved (T = 5, n = 17).
-  if (use_st_ && !final) {
+  // The final pass on the transposed tile as the final column pass runs on
+  // S': exact maxima, then E^T = exp(S'^T + g' - max_i) in place with the
+  // sums, and O from E^T (gemm_tn). Horizontal reductions per row, as in
+  // row_lse below, made a final row pass cost about two column passes at
+  // n = 17 (docs/performance.md, "The final row pass on the transposed tile").
+  if (use_st_ && final) {
+    if (!st_ready_) build_transposed();
+    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
+    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
+    const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
+    T* rs = rs_.data();
+    T* ST = ST_.data();
+    exp_down_columns(ST, ldST_, nJ_, nR_, bw, g, log_a_, lse, z, f, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = c0; r < c1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
+    });
+    st_ready_ = false;  // ST now holds E^T
+    const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+    pfor(nch, [&](int64_t c, int tid) {
+      const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
+      emit(r0, r1, ST + r0, ldST_, rs + r0, nullptr, vrows_, tid, out, /*transposed=*/true);
+    });
+    return;
+  }
+  if (use_st_) {
     // f' = log a - LSE_j(S'_ij + g'_j) as a column pass over S'^T.
     if (!st_ready_) build_transposed();
     const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
@@ -309,7 +355,6 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   // Column blocks: one per thread (panel aligned), or the whole width.
   const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
   const int64_t bw = round_up((nJ_ + nb_want - 1) / nb_want, NR);
-  const int64_t nb = (nJ_ + bw - 1) / bw;
   T* cmax = cmax_.data();
   T* csum = csum_.data();
   T* cs = cs_.data();
@@ -324,23 +369,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     T* S = S_.data();
     T* vs = has_v_ ? vs_.get(nJ_ * dvp_) : nullptr;
     const T* vp = vrows_;
-    pfor(nb, [&](int64_t b, int) {
-      const int64_t c0 = b * bw, c1 = std::min(nJ_, c0 + bw);
-      kt_.lse_start(cmax + c0, csum + c0, c1 - c0);
-      const int64_t nv = vector_columns(c1 - c0), rem = c1 - c0 - nv;
-      for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
-        const int64_t r1 = std::min(nR_, r0 + CRc);
-        kt_.col_max(r1 - r0, nv, S + r0 * ldS_ + c0, ldS_, f + r0, cmax + c0);
-        if (nv < c1 - c0) kt_.col_max_tail(r1 - r0, rem, S + r0 * ldS_ + c0 + nv, ldS_, f + r0, cmax + c0 + nv);
-      }
-      for (int64_t r0 = 0; r0 < nR_; r0 += CRc) {
-        const int64_t r1 = std::min(nR_, r0 + CRc);
-        T* s = S + r0 * ldS_ + c0;
-        kt_.col_exp(r1 - r0, nv, s, ldS_, f + r0, cmax + c0, csum + c0, s, ldS_);
-        if (nv < c1 - c0)
-          kt_.col_exp_tail(r1 - r0, rem, s + nv, ldS_, f + r0, cmax + c0 + nv, csum + c0 + nv, s + nv, ldS_);
-      }
-      kt_.lse_finish(cmax + c0, csum + c0, log_b_, g + c0, c1 - c0);
+    exp_down_columns(S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g, [&](int64_t c0, int64_t c1) {
       for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
       if (vs) kt_.scale_rows(c1 - c0, dvp_, vp + c0 * dvp_, dvp_, cs + c0, vs + c0 * dvp_, dvp_);
     });

@@ -157,8 +157,9 @@ class Engine {
   // pointer and leading dimension; writable (final passes work in place).
   T* tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld);
   // O rows (and A entries) of chunk [r0, r1) from E = plan / (row and column scales).
+  // transposed: E is given as E^T (entry (r, j) at E[j * lde + r]).
   void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv, int tid,
-            const HeadOut<T>& out);
+            const HeadOut<T>& out, bool transposed = false);
 
   const KernelTable<T>& kt_;
   int64_t n_, d_, dv_, dvp_;
@@ -187,6 +188,14 @@ class Engine {
   template <class Chunk>
   void lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m, T* mx,
                         T* sm, T* out, const Chunk& chunk);
+  // The end of a final pass over the columns of M [nrows x ncols] (ldm; S'
+  // for a column pass, S'^T for a row pass), in blocks of bw columns over the
+  // threads: the exact column maxima mx of M + radd, then M = exp(M + radd -
+  // mx) in place with the column sums sm, out = log_m - mx - log(sm), and
+  // block(c0, c1) for each block's scales.
+  template <class Block>
+  void exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m, T* mx,
+                        T* sm, T* out, const Block& block);
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the

@@ -44,6 +44,11 @@ struct KernelTable {
   // one rounded multiply per entry after the sum). Any M.
   void (*gemm_nn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
                   const T* rscale);
+  // The same with A given transposed: A(i, j) = A[j * lda + i], i.e. A^T
+  // [N x M] stored row-major (the exponentials of a row pass on the
+  // transposed tile).
+  void (*gemm_tn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                  const T* rscale);
   // dst [rows x cols] (ldd) = diag(scale) src (lds); dst may alias src.
   void (*scale_rows)(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd);
   // Row log-sum-exp: lse[r] = LSE_j (S[r,j] + add[j]) over j < nc. When E is

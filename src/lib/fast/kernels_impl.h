@@ -487,7 +487,10 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* 
   }
 }
 
-template <class T, int MR, int NV>
+// TA: A is given transposed (A(r, j) at A[j * lda + r]: the final row pass
+// on the transposed tile, whose exponentials are E^T); the same sums in the
+// same order either way.
+template <class T, int MR, int NV, bool TA>
 inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
@@ -498,7 +501,7 @@ inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb
     V b[NV];
     for (int v = 0; v < NV; ++v) b[v] = load<V>(B + j * ldb + v * W);
     for (int r = 0; r < MR; ++r) {
-      const V a = splat<V>(A[r * lda + j]);
+      const V a = splat<V>(TA ? A[j * lda + r] : A[r * lda + j]);
       for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
     }
   }
@@ -509,56 +512,70 @@ inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb
     for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, acc[r][v]);
 }
 
-template <class T, int MR, int NV>
+template <class T, int MR, int NV, bool TA>
 struct NnRem {
   static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
                   const T* rs) {
     if (rem == MR)
-      micro_nn<T, MR, NV>(N, A, lda, B, ldb, C, ldc, rs);
+      micro_nn<T, MR, NV, TA>(N, A, lda, B, ldb, C, ldc, rs);
     else
-      NnRem<T, MR - 1, NV>::run(rem, N, A, lda, B, ldb, C, ldc, rs);
+      NnRem<T, MR - 1, NV, TA>::run(rem, N, A, lda, B, ldb, C, ldc, rs);
   }
 };
-template <class T, int NV>
-struct NnRem<T, 0, NV> {
+template <class T, int NV, bool TA>
+struct NnRem<T, 0, NV, TA> {
   static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
 };
 
-template <class T, int NV>
+template <class T, int NV, bool TA>
 void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
   constexpr int MR = ASAP_NN_MR;
+  // Row i of A: A + i * lda, or A + i when A is given transposed.
+  const int64_t row_step = TA ? 1 : lda;
   int64_t i = 0;
   for (; i + MR <= M; i += MR)
-    micro_nn<T, MR, NV>(N, A + i * lda, lda, B, ldb, C + i * ldc, ldc, rs ? rs + i : nullptr);
+    micro_nn<T, MR, NV, TA>(N, A + i * row_step, lda, B, ldb, C + i * ldc, ldc, rs ? rs + i : nullptr);
   if (i < M)
-    NnRem<T, MR - 1, NV>::run(static_cast<int>(M - i), N, A + i * lda, lda, B, ldb, C + i * ldc, ldc,
-                              rs ? rs + i : nullptr);
+    NnRem<T, MR - 1, NV, TA>::run(static_cast<int>(M - i), N, A + i * row_step, lda, B, ldb, C + i * ldc, ldc,
+                                  rs ? rs + i : nullptr);
 }
 
-template <class T, int NV>
+template <class T, int NV, bool TA>
 struct NnVecRem {
   static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
                   const T* rs) {
     if (nv == NV)
-      nn_cols<T, NV>(M, N, A, lda, B, ldb, C, ldc, rs);
+      nn_cols<T, NV, TA>(M, N, A, lda, B, ldb, C, ldc, rs);
     else
-      NnVecRem<T, NV - 1>::run(nv, M, N, A, lda, B, ldb, C, ldc, rs);
+      NnVecRem<T, NV - 1, TA>::run(nv, M, N, A, lda, B, ldb, C, ldc, rs);
   }
 };
-template <class T>
-struct NnVecRem<T, 0> {
+template <class T, bool TA>
+struct NnVecRem<T, 0, TA> {
   static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
 };
+
+template <class T, bool TA>
+void gemm_nn_or_tn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+                   int64_t ldc, const T* rscale) {
+  constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
+  const int64_t nvec = Nv / W;
+  int64_t v = 0;
+  for (; v + NV <= nvec; v += NV) nn_cols<T, NV, TA>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+  if (v < nvec)
+    NnVecRem<T, NV - 1, TA>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+}
 
 template <class T>
 void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
              const T* rscale) {
-  constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
-  const int64_t nvec = Nv / W;
-  int64_t v = 0;
-  for (; v + NV <= nvec; v += NV) nn_cols<T, NV>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
-  if (v < nvec)
-    NnVecRem<T, NV - 1>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+  gemm_nn_or_tn<T, false>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale);
+}
+
+template <class T>
+void gemm_tn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+             const T* rscale) {
+  gemm_nn_or_tn<T, true>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale);
 }
 
 template <class T>
@@ -1225,15 +1242,12 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{ASAP_ISA_NAME,    ASAP_NT_MR,        ASAP_NT_NV * Vec<T>::W,
-                                Vec<T>::W,        &pack_b<T>,        &gemm_nt<T>,
-                                &gemm_nn<T>,      &scale_rows<T>,    &row_lse<T>,
-                                &transpose<T>,    &col_lse_chunk<T>, &col_max<T>,
-                                &col_exp<T>,      &col_lse_tail<T>,  &col_max_tail<T>,
-                                &col_exp_tail<T>, &plan<T>,          &vexp<T>,
-                                &add_log_t<T>,    &lse_finish_t<T>,  &lse_start<T>,
-                                &row_sqnorm<T>,   &map_tail<T>,      &all_finite<T>,
-                                &peak_fma<T>};
+  return detail::KernelTable<T>{
+      ASAP_ISA_NAME,  ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
+      &gemm_nn<T>,    &gemm_tn<T>,   &scale_rows<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
+      &col_max<T>,    &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
+      &vexp<T>,       &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
+      &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
