@@ -363,20 +363,25 @@ def ignored_signals(pid):
 def a_rank_in_a_group_survives_a_peer_closing_its_sockets():
     # Gloo writes to its peers with writev (no MSG_NOSIGNAL): with SIGPIPE's
     # default action, a write after a peer stopped ends the process with no
-    # sentence. A rank ignores SIGPIPE from the moment it joins (subprocess
-    # starts it with the default action), so the write fails and the rank
-    # names its peer instead.
+    # sentence. A rank ignores SIGPIPE before it starts the group's store
+    # (subprocess starts it with the default action), so the write fails and
+    # the rank names its peer instead. Rank 0 of 2 is started alone: once its
+    # store accepts a connection it has passed that point, and it then waits
+    # (up to --dist-timeout) for rank 1, which never starts.
     out = os.path.join(TMP, "sigpipe.asap.h5")
-    argv = compile_args(out, extra=["--no-report", "--dist-timeout", "60"]) + [
-        "--dist-init", "tcp://127.0.0.1:%d" % free_port(), "--rank", "0", "--world-size", "2"]
+    port = free_port()
+    argv = compile_args(out, extra=["--no-report", "--dist-timeout", "120"]) + [
+        "--dist-init", "tcp://127.0.0.1:%d" % port, "--rank", "0", "--world-size", "2"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_launchers())
     try:
-        # Rank 0 waits up to --dist-timeout for rank 1, which never starts.
-        deadline = time.time() + 45
-        while signal.SIGPIPE not in ignored_signals(p.pid):
-            assert p.poll() is None, "rank 0 exited %s before ignoring SIGPIPE: %s" % (p.returncode, p.stderr.read())
-            assert time.time() < deadline, "rank 0 still has SIGPIPE's default action while joining"
-            time.sleep(0.05)
+        while True:
+            assert p.poll() is None, "rank 0 exited %s before its store listened: %s" % (p.returncode, p.stderr.read())
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert signal.SIGPIPE in ignored_signals(p.pid), "rank 0 keeps SIGPIPE's default action in a group"
     finally:
         p.kill()
         p.communicate()

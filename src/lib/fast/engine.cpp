@@ -293,40 +293,35 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
   T* lse = lse_.data();
   T* z = z_.data();
-  // The final pass on the transposed tile as the final column pass runs on
-  // S': exact maxima, then E^T = exp(S'^T + g' - max_i) in place with the
+  // Row passes on the transposed tile run as column passes over S'^T: f' =
+  // log a - LSE_j(S'_ij + g'_j). The final one as the final column pass runs
+  // on S': exact maxima, then E^T = exp(S'^T + g' - max_i) in place with the
   // sums, and O from E^T (gemm_tn). Horizontal reductions per row, as in
   // row_lse below, made a final row pass cost about two column passes at
   // n = 17 (docs/performance.md, "The final row pass on the transposed tile").
-  if (use_st_ && final) {
+  if (use_st_) {
     if (!st_ready_) build_transposed();
     const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
     const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
+    T* ST = ST_.data();
+    if (!final) {
+      lse_down_columns(nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
+                       [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
+                         *ld = ldST_;
+                         return static_cast<const T*>(ST + r0 * ldST_ + c0);
+                       });
+      return;
+    }
     const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
     T* rs = rs_.data();
-    T* ST = ST_.data();
     exp_down_columns(ST, ldST_, nJ_, nR_, bw, g, log_a_, lse, z, f, [&](int64_t c0, int64_t c1) {
       for (int64_t r = c0; r < c1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
     });
     st_ready_ = false;  // ST now holds E^T
-    const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
       emit(r0, r1, ST + r0, ldST_, rs + r0, nullptr, vrows_, tid, out, /*transposed=*/true);
     });
-    return;
-  }
-  if (use_st_) {
-    // f' = log a - LSE_j(S'_ij + g'_j) as a column pass over S'^T.
-    if (!st_ready_) build_transposed();
-    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
-    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
-    const T* ST = ST_.data();
-    lse_down_columns(nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
-                     [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
-                       *ld = ldST_;
-                       return ST + r0 * ldST_ + c0;
-                     });
     return;
   }
   T* rs = rs_.data();
