@@ -201,13 +201,15 @@ TEST_CASE("fast: map_tail is the slice-free map's dual and centered phi on every
 
 TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every instruction set") {
   // Rows in blocks of the float64 vector width (and, for float32 with d a
-  // multiple of the float32 width up to 4 vectors, of the float32 width)
+  // multiple of the float32 width up to 8 vectors, of the float32 width)
   // share one joint reduction (lane i = row i): a wrong shuffle or a wrong
-  // row order would swap or mix rows.
+  // row order would swap or mix rows. d = 40, 64, 80 and 128 are 5 and 8
+  // vectors of AVX2 and AVX-512 (two chains, the odd count with a last
+  // vector of its own); 72 and 144 are 9, past the float32 blocks.
   at::manual_seed(5);
   for (const auto& isa : asap::fast::available_isas()) {
     const auto& K = kernels_of(isa);
-    for (int64_t d : {1, 2, 7, 8, 16, 17, 64}) {
+    for (int64_t d : {1, 2, 7, 8, 16, 17, 40, 64, 72, 80, 128, 144}) {
       for (int64_t count : {1, 3, 8, 9, 17, 19, 33}) {
         CAPTURE(isa);
         CAPTURE(d);
@@ -722,7 +724,9 @@ TEST_CASE("fast: teacher matches the reference (dtypes, masks, conventions, budg
       for (bool masked : {false, true}) {
         for (bool drop : {false, true}) {
           if (drop && !masked) continue;
-          const int64_t B = 2, H = 3, d = 8, dv = 5;
+          // dv = 40 at n = 9: a final column pass then scales E's columns
+          // (fewer entries than V's rows); dv = 5 scales V.
+          const int64_t B = 2, H = 3, d = 8, dv = n == 9 ? 40 : 5;
           auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
           auto v = at::randn({B, H, n, dv}, dtype);
           auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
@@ -921,7 +925,9 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
               const int T = (fi + per_head) % 2 == 0 ? 6 : 5;
               auto L = make_layer(H, d, fams[fi], per_head, drop, T, fi == 1 ? 0.6 : 1.0, !(fi == 2 && per_head));
               auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
-              auto v = at::randn({B, H, n, d}, dtype);
+              // Wide values at n = 16 and 17: the final column pass scales
+              // E's columns instead of V's rows there.
+              auto v = at::randn({B, H, n, n == 16 || n == 17 ? 48 : d}, dtype);
               auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
               for (int kc = 0; kc <= 5; ++kc) {
                 asap::RunOptions o;

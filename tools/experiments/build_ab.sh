@@ -25,7 +25,7 @@ for op in "$@"; do
     for side in old new; do
       dir=$old
       [ "$side" = new ] && dir=$new
-      LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh 16x4 --d "$d" \
+      LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh ${BH:-16x4} --d "$d" \
         --slices "$L" --T 6,8 --k 1,2,3,4,5,6 --threads "$th" --wait-policy active --reps 401 --no-mem ${BENCH_ARGS:-} --only "$op" \
         2>/dev/null | "$PYTHON" -c "import json,sys; [print('$side', '$op', r['median_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
     done

@@ -360,18 +360,27 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   const int64_t CRc = ch_.store ? kColChunkRows : ch_.chunk_rows;
   if (final && ch_.store) {
     // Exact column maxima, then E = exp(S' + f' - max_j) in place with the
-    // column sums; plan * mult = E * mult * b / sum_j, folded into V.
+    // column sums; plan * mult = E * mult * b / sum_j. The column scales go
+    // into whichever is smaller: E's columns (nR x nJ entries) or V's rows
+    // (nJ x dv), in vectors. At n = 17, d = 64 scaling V was 3% of a call
+    // (docs/performance.md, "The final column pass scales the smaller side").
     T* S = S_.data();
-    T* vs = has_v_ ? vs_.get(nJ_ * dvp_) : nullptr;
+    const int64_t W = kt_.width;
+    const bool scale_e = has_v_ && nR_ * ((nJ_ + W - 1) / W) < nJ_ * (dvp_ / W);
+    T* vs = has_v_ && !scale_e ? vs_.get(nJ_ * dvp_) : nullptr;
     const T* vp = vrows_;
     exp_down_columns(S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g, [&](int64_t c0, int64_t c1) {
       for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
+      if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);
       if (vs) kt_.scale_rows(c1 - c0, dvp_, vp + c0 * dvp_, dvp_, cs + c0, vs + c0 * dvp_, dvp_);
     });
     const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
-      emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, cs, vs, tid, out);
+      if (scale_e)
+        emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, nullptr, vrows_, tid, out);
+      else
+        emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, cs, vs, tid, out);
     });
     return;
   }

@@ -51,6 +51,9 @@ struct KernelTable {
                   const T* rscale);
   // dst [rows x cols] (ldd) = diag(scale) src (lds); dst may alias src.
   void (*scale_rows)(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd);
+  // M [rows x cols] (ld) = M diag(scale): column j times scale[j], in place;
+  // nothing past column cols is read or written.
+  void (*scale_cols)(int64_t rows, int64_t cols, T* M, int64_t ld, const T* scale);
   // Row log-sum-exp: lse[r] = LSE_j (S[r,j] + add[j]) over j < nc. When E is
   // given, also E[r,j] = exp(S[r,j] + add[j] - max_r) and z[r] = sum_j E[r,j]
   // (E may alias S).

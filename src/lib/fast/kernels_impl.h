@@ -592,6 +592,18 @@ void scale_rows(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* 
   }
 }
 
+template <class T>
+void scale_cols(int64_t rows, int64_t cols, T* M, int64_t ld, const T* scale) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* m = M + r * ld;
+    int64_t c = 0;
+    for (; c + W <= cols; c += W) store(m + c, load<V>(m + c) * load<V>(scale + c));
+    for (; c < cols; ++c) m[c] *= scale[c];
+  }
+}
+
 // ---------------------------------------------------- log-sum-exp passes ---
 
 template <class T>
@@ -1068,36 +1080,66 @@ bool last_column_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* b, T
 }
 
 // float32 squared norms of W rows at once when d is a multiple of the vector
-// width W and at most 4 W: each row's squares summed lane-wise over its
-// d / W vectors, then lane_sums. That is the reference's own float32 sum,
-// regrouped (at most 3 + log2(W) rounded adds of positive terms: under 1e-6
-// relative); the float64 path below was 4% of a slice-free map's call at
-// n = 17. Returns the rows done.
+// width W and at most 8 W: each row's squares summed lane-wise over its
+// d / W vectors (one chain up to 4 vectors, two chains joined at the end
+// beyond), then lane_sums. That is the reference's own float32 sum,
+// regrouped (at most 4 + log2(W) rounded adds of positive terms on any
+// path: under 1e-6 relative); the float64 path below was 4% of a slice-free
+// map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8), which the
+// limit of 4 W sent there. Returns the rows done.
+// The squared norms (times half_s) of the W float32 rows x[0..W-1] (row i
+// from x[bit_reverse(i)]) into out[0..W-1]. Not inlined: both callers (listed
+// and contiguous rows) then run the same code, so their results are the same
+// bits; inlined, GCC fused a multiply and an add in one and not the other.
+template <class T>
+__attribute__((noinline)) void sqnorm_block_f32(const T* const* x, int64_t d, T half_s, T* out) {
+  using V = typename Vec<T>::V;
+  using U = typename Vec<T>::U;
+  using I = typename Vec<T>::UE;
+  constexpr int W = Vec<T>::W;
+  V a[W];
+#pragma GCC unroll 32
+  for (int i = 0; i < W; ++i) {
+    const T* xi = x[i];
+    V acc = load<V>(xi) * load<V>(xi);
+    if (d <= 4 * W) {
+      for (int64_t c = W; c < d; c += W) {
+        const V v = load<V>(xi + c);
+        acc += v * v;
+      }
+    } else {
+      V acc1 = load<V>(xi + W) * load<V>(xi + W);
+      int64_t c = 2 * W;
+      for (; c + W < d; c += 2 * W) {
+        const V v = load<V>(xi + c), w = load<V>(xi + c + W);
+        acc += v * v;
+        acc1 += w * w;
+      }
+      if (c < d) {
+        const V v = load<V>(xi + c);
+        acc += v * v;
+      }
+      acc += acc1;
+    }
+    a[i] = acc;
+  }
+  store(out, lane_sums<V, U, I, W>(a) * half_s);
+}
+
 template <class T, class Row>
 int64_t row_sqnorm_f32_blocks(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
   if constexpr (sizeof(T) != 4) {
     return 0;
   } else {
-    using V = typename Vec<T>::V;
-    using U = typename Vec<T>::U;
     using I = typename Vec<T>::UE;
     constexpr int W = Vec<T>::W;
     constexpr int kBits = LaneSumMasks<I, W>::kRounds;
-    if (d % W != 0 || d > 4 * W) return 0;
+    if (d % W != 0 || d > 8 * W) return 0;
     int64_t r = 0;
     for (; r + W <= count; r += W) {
-      V a[W];
-#pragma GCC unroll 32
-      for (int i = 0; i < W; ++i) {
-        const T* x = q + row(r + bit_reverse(i, kBits)) * d;
-        V acc = load<V>(x) * load<V>(x);
-        for (int64_t c = W; c < d; c += W) {
-          const V v = load<V>(x + c);
-          acc += v * v;
-        }
-        a[i] = acc;
-      }
-      store(out + r, lane_sums<V, U, I, W>(a) * half_s);
+      const T* x[W];
+      for (int i = 0; i < W; ++i) x[i] = q + row(r + bit_reverse(i, kBits)) * d;
+      sqnorm_block_f32<T>(x, d, half_s, out + r);
     }
     return r;
   }
@@ -1242,12 +1284,15 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{
-      ASAP_ISA_NAME,  ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
-      &gemm_nn<T>,    &gemm_tn<T>,   &scale_rows<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
-      &col_max<T>,    &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
-      &vexp<T>,       &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
-      &all_finite<T>, &peak_fma<T>};
+  return detail::KernelTable<T>{ASAP_ISA_NAME,     ASAP_NT_MR,       ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,         &pack_b<T>,       &gemm_nt<T>,
+                                &gemm_nn<T>,       &gemm_tn<T>,      &scale_rows<T>,
+                                &scale_cols<T>,    &row_lse<T>,      &transpose<T>,
+                                &col_lse_chunk<T>, &col_max<T>,      &col_exp<T>,
+                                &col_lse_tail<T>,  &col_max_tail<T>, &col_exp_tail<T>,
+                                &plan<T>,          &vexp<T>,         &add_log_t<T>,
+                                &lse_finish_t<T>,  &lse_start<T>,    &row_sqnorm<T>,
+                                &map_tail<T>,      &all_finite<T>,   &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
