@@ -9,7 +9,8 @@
 #          && make -C /tmp/old/build asap_bench
 #        tools/experiments/build_ab.sh /tmp/old/build build 17 16 1 16 asap_1 asap_s3_1
 # Each build directory holds tools/asap_bench and libasap.so.0 (found there
-# first, through LD_LIBRARY_PATH). BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
+# first, through LD_LIBRARY_PATH). BH: batch x heads (default 16x4; 4x4 keeps q, k
+# and v in L2 where a shared L3 is noisy). BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 7 ] || { sed -n '2,13p' "$0" >&2; exit 2; }

@@ -363,7 +363,8 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     // column sums; plan * mult = E * mult * b / sum_j. The column scales go
     // into whichever is smaller: E's columns (nR x nJ entries) or V's rows
     // (nJ x dv), in vectors. At n = 17, d = 64 scaling V was 3% of a call
-    // (docs/performance.md, "The final column pass scales the smaller side").
+    // (docs/performance.md, "AVX2: `alpha` at d = 64, and the final column pass
+    // scales the smaller side").
     T* S = S_.data();
     const int64_t W = kt_.width;
     const bool scale_e = has_v_ && nR_ * ((nJ_ + W - 1) / W) < nJ_ * (dvp_ / W);
@@ -377,10 +378,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
-      if (scale_e)
-        emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, nullptr, vrows_, tid, out);
-      else
-        emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, cs, vs, tid, out);
+      emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, scale_e ? nullptr : cs, scale_e ? vrows_ : vs, tid, out);
     });
     return;
   }

@@ -1079,14 +1079,6 @@ bool last_column_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* b, T
   return true;
 }
 
-// float32 squared norms of W rows at once when d is a multiple of the vector
-// width W and at most 8 W: each row's squares summed lane-wise over its
-// d / W vectors (one chain up to 4 vectors, two chains joined at the end
-// beyond), then lane_sums. That is the reference's own float32 sum,
-// regrouped (at most 4 + log2(W) rounded adds of positive terms on any
-// path: under 1e-6 relative); the float64 path below was 4% of a slice-free
-// map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8), which the
-// limit of 4 W sent there. Returns the rows done.
 // The squared norms (times half_s) of the W float32 rows x[0..W-1] (row i
 // from x[bit_reverse(i)]) into out[0..W-1]. Not inlined: both callers (listed
 // and contiguous rows) then run the same code, so their results are the same
@@ -1126,6 +1118,14 @@ __attribute__((noinline)) void sqnorm_block_f32(const T* const* x, int64_t d, T 
   store(out, lane_sums<V, U, I, W>(a) * half_s);
 }
 
+// float32 squared norms of W rows at once when d is a multiple of the vector
+// width W and at most 8 W: each row's squares summed lane-wise over its
+// d / W vectors (one chain up to 4 vectors, two chains joined at the end
+// beyond), then lane_sums. That is the reference's own float32 sum,
+// regrouped (at most 4 + log2(W) rounded adds of positive terms on any
+// path: under 1e-6 relative); the float64 path below was 4% of a slice-free
+// map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8), which the
+// limit of 4 W sent there. Returns the rows done.
 template <class T, class Row>
 int64_t row_sqnorm_f32_blocks(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
   if constexpr (sizeof(T) != 4) {
