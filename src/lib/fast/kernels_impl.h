@@ -13,6 +13,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fast/kernels.h"
 
@@ -713,6 +714,8 @@ void row_lse(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* add, T*
 // Column passes work on blocks of NB vectors of columns, rows inner, so the
 // block's slice of the chunk stays in L1 between the max and the exp sweep.
 constexpr int kColBlock = 4;
+// Up to this many rows, the column kernels sweep their last vectors together.
+constexpr int64_t kColTailRows = 32;
 
 template <class T, int NB>
 inline void col_lse_block(int64_t rows, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
@@ -859,15 +862,44 @@ void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
   tl.out(csum, Z);
 }
 
+// The column kernels take kColBlock vectors per sweep down the rows, and the
+// last 1 to kColBlock - 1 vectors in one sweep too: at n = 17 on AVX2 (3
+// vectors) one-vector sweeps left each max and sum a chain of 17 dependent
+// operations per vector. Each column's arithmetic is the same whatever the
+// block, so the results do not depend on it.
+template <class T, class Block>
+inline void col_blocks(int64_t rows, int64_t nc, const Block& block) {
+  constexpr int W = Vec<T>::W;
+  static_assert(kColBlock == 4, "the tail below covers 1 to 3 vectors");
+  int64_t j = 0;
+  for (; j + kColBlock * W <= nc; j += kColBlock * W) block(j, std::integral_constant<int, kColBlock>{});
+  if (rows > kColTailRows) {
+    for (; j + W <= nc; j += W) block(j, std::integral_constant<int, 1>{});
+    return;
+  }
+  switch ((nc - j) / W) {
+    case 3:
+      block(j, std::integral_constant<int, 3>{});
+      break;
+    case 2:
+      block(j, std::integral_constant<int, 2>{});
+      break;
+    case 1:
+      block(j, std::integral_constant<int, 1>{});
+      break;
+    default:
+      break;
+  }
+}
+
 template <class T>
 void col_lse_chunk(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax, T* csum) {
   constexpr int W = Vec<T>::W;
   if (rows <= 0) return;
-  int64_t j = 0;
-  for (; j + kColBlock * W <= nc; j += kColBlock * W)
-    col_lse_block<T, kColBlock>(rows, S + j, lds, radd, cmax + j, csum + j);
-  for (; j + W <= nc; j += W) col_lse_block<T, 1>(rows, S + j, lds, radd, cmax + j, csum + j);
-  for (; j < nc; ++j) {
+  col_blocks<T>(rows, nc, [&](int64_t j, auto nb) {
+    col_lse_block<T, decltype(nb)::value>(rows, S + j, lds, radd, cmax + j, csum + j);
+  });
+  for (int64_t j = nc / W * W; j < nc; ++j) {
     T m = neg_inf<T>();
     for (int64_t r = 0; r < rows; ++r) m = smax(m, S[r * lds + j] + radd[r]);
     const T M = smax(cmax[j], m);
@@ -882,23 +914,18 @@ template <class T>
 void col_max(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, T* cmax) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
-  int64_t j = 0;
-  for (; j + kColBlock * W <= nc; j += kColBlock * W) {
-    V cm[kColBlock];
-    for (int b = 0; b < kColBlock; ++b) cm[b] = load<V>(cmax + j + b * W);
+  col_blocks<T>(rows, nc, [&](int64_t j, auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    V cm[NB];
+    for (int b = 0; b < NB; ++b) cm[b] = load<V>(cmax + j + b * W);
     for (int64_t r = 0; r < rows; ++r) {
       const V a = splat<V>(radd[r]);
       const T* s = S + r * lds + j;
-      for (int b = 0; b < kColBlock; ++b) cm[b] = vmax(cm[b], load<V>(s + b * W) + a);
+      for (int b = 0; b < NB; ++b) cm[b] = vmax(cm[b], load<V>(s + b * W) + a);
     }
-    for (int b = 0; b < kColBlock; ++b) store(cmax + j + b * W, cm[b]);
-  }
-  for (; j + W <= nc; j += W) {
-    V cm = load<V>(cmax + j);
-    for (int64_t r = 0; r < rows; ++r) cm = vmax(cm, load<V>(S + r * lds + j) + radd[r]);
-    store(cmax + j, cm);
-  }
-  for (; j < nc; ++j) {
+    for (int b = 0; b < NB; ++b) store(cmax + j + b * W, cm[b]);
+  });
+  for (int64_t j = nc / W * W; j < nc; ++j) {
     T m = cmax[j];
     for (int64_t r = 0; r < rows; ++r) m = smax(m, S[r * lds + j] + radd[r]);
     cmax[j] = m;
@@ -910,10 +937,10 @@ void col_exp(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, c
              int64_t lde) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
-  int64_t j = 0;
-  for (; j + kColBlock * W <= nc; j += kColBlock * W) {
-    V M[kColBlock], Z[kColBlock];
-    for (int b = 0; b < kColBlock; ++b) {
+  col_blocks<T>(rows, nc, [&](int64_t j, auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    V M[NB], Z[NB];
+    for (int b = 0; b < NB; ++b) {
       M[b] = load<V>(cmax + j + b * W);
       Z[b] = load<V>(csum + j + b * W);
     }
@@ -921,25 +948,15 @@ void col_exp(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, c
       const V a = splat<V>(radd[r]);
       const T* s = S + r * lds + j;
       T* e = E + r * lde + j;
-      for (int b = 0; b < kColBlock; ++b) {
+      for (int b = 0; b < NB; ++b) {
         const V x = vexp_v(load<V>(s + b * W) + a - M[b]);
         store(e + b * W, x);
         Z[b] += x;
       }
     }
-    for (int b = 0; b < kColBlock; ++b) store(csum + j + b * W, Z[b]);
-  }
-  for (; j + W <= nc; j += W) {
-    const V M = load<V>(cmax + j);
-    V Z = load<V>(csum + j);
-    for (int64_t r = 0; r < rows; ++r) {
-      const V x = vexp_v(load<V>(S + r * lds + j) + radd[r] - M);
-      store(E + r * lde + j, x);
-      Z += x;
-    }
-    store(csum + j, Z);
-  }
-  for (; j < nc; ++j) {
+    for (int b = 0; b < NB; ++b) store(csum + j + b * W, Z[b]);
+  });
+  for (int64_t j = nc / W * W; j < nc; ++j) {
     T Z = csum[j];
     for (int64_t r = 0; r < rows; ++r) {
       const T x = sexp(S[r * lds + j] + radd[r] - cmax[j]);
