@@ -862,11 +862,13 @@ void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
   tl.out(csum, Z);
 }
 
-// The column kernels take kColBlock vectors per sweep down the rows, and the
-// last 1 to kColBlock - 1 vectors in one sweep too: at n = 17 on AVX2 (3
-// vectors) one-vector sweeps left each max and sum a chain of 17 dependent
-// operations per vector. Each column's arithmetic is the same whatever the
-// block, so the results do not depend on it.
+// The column kernels take kColBlock vectors per sweep down the rows, and, in
+// chunks of at most kColTailRows rows, the last 1 to kColBlock - 1 vectors in
+// one sweep too: at n = 17 on AVX2 (3 vectors) one-vector sweeps left each
+// max and sum a chain of 17 dependent operations per vector. Longer chunks
+// keep one-vector sweeps (a 3-vector tail measured slower at n = 50;
+// docs/performance.md, "Short rows"). Each column's arithmetic is the same
+// whatever the block, so the results do not depend on it.
 template <class T, class Block>
 inline void col_blocks(int64_t rows, int64_t nc, const Block& block) {
   constexpr int W = Vec<T>::W;
