@@ -33,6 +33,8 @@ jobs=${ASAP_SANITIZE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 fuzz_seconds=${ASAP_FUZZ_SECONDS:-30}
 # shellcheck source=sanitizers/env.sh
 source tools/sanitizers/env.sh
+# shellcheck source=sanitizers/lib.sh
+source tools/sanitizers/lib.sh
 t0=$(date +%s)
 say() { echo "run_sanitizers: $* [$(( $(date +%s) - t0 )) s]" >&2; }
 
@@ -47,6 +49,12 @@ build() {  # build DIR LOG TARGET CMAKE-ARGS...
 }
 
 if [ "${ASAP_SKIP_SANITIZE:-0}" != 1 ]; then
+  cores=$(nproc 2>/dev/null || echo 1)
+  shards=${ASAP_SANITIZE_SHARDS:-$(( cores >= 2 ? 2 : 1 ))}
+  # shard_filters (tools/sanitizers/lib.sh) names a wrong count in one sentence,
+  # before the build.
+  filter_lines=$(shard_filters "$shards" "${ASAP_SANITIZE_SHARD1:-$ASAP_SHARD1_DEFAULT}") || exit 1
+  mapfile -t filters <<< "$filter_lines"
   say "building build-asan (gcc, address,undefined; log: build-asan.log)"
   # -O1 -g1: a third of the compile time of -O2 -g, with line numbers in reports.
   build build-asan build-asan.log asap_tests -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -59,15 +67,8 @@ if [ "${ASAP_SKIP_SANITIZE:-0}" != 1 ]; then
   # the suite's ASan time about in half. ASAP_SANITIZE_EXCLUDE=PATTERN leaves
   # test cases out (a doctest --test-case-exclude pattern).
   exclude=${ASAP_SANITIZE_EXCLUDE-}
-  cores=$(nproc 2>/dev/null || echo 1)
-  shards=${ASAP_SANITIZE_SHARDS:-$(( cores >= 2 ? 2 : 1 ))}
-  shard1=${ASAP_SANITIZE_SHARD1:-*test_compile_record.cpp,*test_verify.cpp}
-  case $shards in
-    1) filters=("") logs=(build-asan/asap_tests.log) ;;
-    2) filters=("--source-file=$shard1" "--source-file-exclude=$shard1")
-       logs=(build-asan/asap_tests.1.log build-asan/asap_tests.2.log) ;;
-    *) say "ASAP_SANITIZE_SHARDS: expected 1 or 2, found '$shards'"; exit 1 ;;
-  esac
+  logs=(build-asan/asap_tests.log)
+  [ "$shards" = 2 ] && logs=(build-asan/asap_tests.1.log build-asan/asap_tests.2.log)
   rm -f build-asan/asap_tests*.log
   say "doctest suite under ASan+UBSan in $shards process(es) (log: ${logs[*]})"
   pids=()
@@ -170,8 +171,7 @@ if [ "${ASAP_SKIP_FUZZ:-0}" != 1 ]; then
       # corpus (the scratch directory keeps the earlier seeds' inputs), so
       # every later seed would stop there too: on 2026-11-28 seeds 3-20 of
       # fuzz_calib each stopped on one HDF5-internal input (H6), 7 minutes.
-      sha=$(find build-fuzz/findings -maxdepth 1 -name "$t-seed$seed-*" ! -name '*.log' | sed -E 's/.*-([0-9a-f]{40})$/\1/' | head -1)
-      if [ -n "$sha" ] && [ "$(find build-fuzz/findings -maxdepth 1 -name "$t-seed*-$sha" | wc -l)" -gt 1 ]; then
+      if repeated_input build-fuzz/findings "$t" "$seed"; then
         say "fuzz_$t: -seed=$seed stopped on the same input as an earlier seed; later seeds would too, so fuzz_$t stops here"
         break
       fi
