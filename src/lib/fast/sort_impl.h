@@ -822,21 +822,40 @@ inline void unsort_block_recorded(const detail::SliceBlock<float>& b, float* PH,
 }
 
 // The potentials of the sorted rows QS, KS (as `potentials`), rounded to
-// float into PH [m][LB] in sorted order.
+// float into PH [m][LB] in sorted order. One key vector of lanes at a time,
+// down all rows: the running state of all LB lanes (u, the previous x and y
+// and the sums, NV64 vectors of doubles each) was 16 vectors on AVX2, more
+// than the registers with the row's own values, and spilled every row. Each
+// lane gets the same operations in the same order either way.
 template <bool Extra>
 inline void potentials_sorted(int64_t m, const int32_t* QS, const int32_t* KS, float* PH, double* XS, double* YS,
                               double* U, double* sums) {
-  Potentials<float, Extra> pot{};
-  pot.XS = XS, pot.YS = YS, pot.U = U;
-  for (int64_t r = 0; r < m; ++r) {
-    D x[NV64], y[NV64];
-    for (int j = 0; j < NV32; ++j) {
-      halves(key_value(load<I32>(QS + r * LB + j * W32)), x[2 * j], x[2 * j + 1]);
-      halves(key_value(load<I32>(KS + r * LB + j * W32)), y[2 * j], y[2 * j + 1]);
+  constexpr int G = W32 / W64;  // vectors of doubles per key vector
+  static_assert(G == 2, "halves() widens a key vector into two vectors of doubles");
+  for (int j = 0; j < NV32; ++j) {
+    const int64_t off = j * W32;
+    D u[G] = {}, xp[G] = {}, yp[G] = {}, sum[G] = {};
+    for (int64_t r = 0; r < m; ++r) {
+      D x[G], y[G];
+      halves(key_value(load<I32>(QS + r * LB + off)), x[0], x[1]);
+      halves(key_value(load<I32>(KS + r * LB + off)), y[0], y[1]);
+      for (int k = 0; k < G; ++k) {
+        const int64_t at = r * LB + off + k * W64;
+        if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
+        if (Extra) {
+          store(XS + at, x[k]);
+          store(YS + at, y[k]);
+          store(U + at, u[k]);
+        }
+        const D p = 0.5 * x[k] * x[k] - u[k];
+        store_t(PH + at, p);
+        sum[k] += as_t<float>(p);
+        xp[k] = x[k];
+        yp[k] = y[k];
+      }
     }
-    pot.row(r, x, y, PH + r * LB);
+    for (int k = 0; k < G; ++k) store(sums + off + k * W64, sum[k]);
   }
-  pot.sums_to(sums);
 }
 
 // COL[l * ldc + kir[r]] = PH[r][l]: when the keys are consecutive rows of R
