@@ -864,7 +864,7 @@ void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
 
 // The column kernels take kColBlock vectors per sweep down the rows, and, in
 // chunks of at most kColTailRows rows, the last 1 to kColBlock - 1 vectors in
-// one sweep too: at n = 17 on AVX2 (3 vectors) one-vector sweeps left each
+// one sweep too: at n = 17 on AVX2 (2 vectors) one-vector sweeps left each
 // max and sum a chain of 17 dependent operations per vector. Longer chunks
 // keep one-vector sweeps (a 3-vector tail measured slower at n = 50;
 // docs/performance.md, "Short rows"). Each column's arithmetic is the same
