@@ -465,13 +465,14 @@ struct Arena {
 // one sorted row r at a time (x, y: its LB values as NV64 vectors of
 // doubles): phi rounded to T into out[LB], the per-lane sums of the stored
 // values, and with Extra the sorted values and u, [m][LB] each, for the rows
-// that are not keys.
-template <class T, bool Extra>
+// that are not keys. NV < NV64: the lanes of NV vectors only (XS, YS, U,
+// out and sums then point at the first of them).
+template <class T, bool Extra, int NV = NV64>
 struct Potentials {
-  D u[NV64] = {}, xp[NV64] = {}, yp[NV64] = {}, sum[NV64] = {};
+  D u[NV] = {}, xp[NV] = {}, yp[NV] = {}, sum[NV] = {};
   double *XS, *YS, *U;
   inline void row(int64_t r, const D* x, const D* y, T* out) {
-    for (int k = 0; k < NV64; ++k) {
+    for (int k = 0; k < NV; ++k) {
       if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
       if (Extra) {
         store(XS + r * LB + k * W64, x[k]);
@@ -486,7 +487,7 @@ struct Potentials {
     }
   }
   inline void sums_to(double* sums) const {
-    for (int k = 0; k < NV64; ++k) store(sums + k * W64, sum[k]);
+    for (int k = 0; k < NV; ++k) store(sums + k * W64, sum[k]);
   }
 };
 
@@ -834,27 +835,15 @@ inline void potentials_sorted(int64_t m, const int32_t* QS, const int32_t* KS, f
   static_assert(G == 2, "halves() widens a key vector into two vectors of doubles");
   for (int j = 0; j < NV32; ++j) {
     const int64_t off = j * W32;
-    D u[G] = {}, xp[G] = {}, yp[G] = {}, sum[G] = {};
+    Potentials<float, Extra, G> pot{};
+    if (Extra) pot.XS = XS + off, pot.YS = YS + off, pot.U = U + off;
     for (int64_t r = 0; r < m; ++r) {
       D x[G], y[G];
       halves(key_value(load<I32>(QS + r * LB + off)), x[0], x[1]);
       halves(key_value(load<I32>(KS + r * LB + off)), y[0], y[1]);
-      for (int k = 0; k < G; ++k) {
-        const int64_t at = r * LB + off + k * W64;
-        if (r > 0) u[k] += yp[k] * (x[k] - xp[k]);
-        if (Extra) {
-          store(XS + at, x[k]);
-          store(YS + at, y[k]);
-          store(U + at, u[k]);
-        }
-        const D p = 0.5 * x[k] * x[k] - u[k];
-        store_t(PH + at, p);
-        sum[k] += as_t<float>(p);
-        xp[k] = x[k];
-        yp[k] = y[k];
-      }
+      pot.row(r, x, y, PH + r * LB + off);
     }
-    for (int k = 0; k < G; ++k) store(sums + off + k * W64, sum[k]);
+    pot.sums_to(sums + off);
   }
 }
 
