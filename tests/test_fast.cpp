@@ -25,6 +25,7 @@
 #include "test_util.h"
 
 using asap_test::rel_err;
+using asap_test::Threads;
 using asap_test::tol_of;
 
 namespace {
@@ -91,13 +92,6 @@ std::vector<Config> configs() {
   out.push_back({"generic/heads/recompute/1 thread", t, 1});
   return out;
 }
-
-// Sets LibTorch's intra-op threads for a scope.
-struct Threads {
-  explicit Threads(int n) : old_(at::get_num_threads()) { at::set_num_threads(n); }
-  ~Threads() { at::set_num_threads(old_); }
-  int old_;
-};
 
 }  // namespace
 
@@ -1042,6 +1036,12 @@ TEST_CASE("fast: larger heads, fewer heads than threads, recomputed tiles (float
 
 TEST_CASE("fast: concurrent callers on the within-head path, and a team raised between calls") {
   at::manual_seed(12);
+  // The callers below set LibTorch's count for threads started later (the
+  // Threads helper sets only this thread's): put it back at the end.
+  struct Restore {
+    int n = at::get_num_threads();
+    ~Restore() { at::set_num_threads(n); }
+  } restore;
   const int64_t d = 16;
   asap::FeatureFamily fam;
   fam.slices = 8, fam.alpha = true, fam.softmax_dual = true;

@@ -74,9 +74,13 @@ TEST_CASE("runtime: concurrent calls on one loaded model agree with sequential c
     vs.push_back(at::randn({2, 1, 12, 3}));
     expect[i] = model.attend("golden", qs[i], ks[i], vs[i]).out;
   }
+  // Each caller with the team size of the sequential calls: the fused path's
+  // bits depend on it (head-parallel or within-head work split).
+  const int team = at::get_num_threads();
   std::vector<std::thread> th;
   for (int t = 0; t < 4; ++t)
     th.emplace_back([&, t] {
+      at::set_num_threads(team);
       for (int i = t; i < 8; i += 4) got[i] = model.attend("golden", qs[i], ks[i], vs[i]).out;
     });
   for (auto& t : th) t.join();

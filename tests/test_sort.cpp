@@ -25,6 +25,7 @@
 #include "test_util.h"
 
 using asap_test::rel_err;
+using asap_test::Threads;
 using asap_test::tol_of;
 
 namespace {
@@ -36,12 +37,6 @@ struct ForcePath {
   explicit ForcePath(fd::SortPath p) : old_(fd::sort_path()) { fd::set_sort_path(p); }
   ~ForcePath() { fd::set_sort_path(old_); }
   fd::SortPath old_;
-};
-
-struct Threads {
-  explicit Threads(int n) : old_(at::get_num_threads()) { at::set_num_threads(n); }
-  ~Threads() { at::set_num_threads(old_); }
-  int old_;
 };
 
 struct Config {

@@ -1,7 +1,11 @@
 // Helpers shared by the tests: golden JSON loading and tensor comparison.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <doctest/doctest.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <stdlib.h>
 
@@ -44,6 +48,31 @@ struct TempDir {
     std::sort(v.begin(), v.end());
     return v;
   }
+};
+
+// Sets LibTorch's intra-op threads for a scope; the tests switch thousands of
+// times. at::set_num_threads also rebuilds caffe2's pthreadpool (QNNPACK's),
+// whose new workers spin for milliseconds: a switch and back cost 8 ms of
+// wall time and 16 of CPU on a 2-core machine (docs/reliability.md, "Test
+// time"), most of the fused-call tests' time. On LibTorch's OpenMP backend
+// at::get_num_threads() is omp_get_max_threads(), which omp_set_num_threads
+// sets alone, as at::set_num_threads does; where that does not take (another
+// backend), at::set_num_threads.
+struct Threads {
+  explicit Threads(int n) : old_(at::get_num_threads()) { REQUIRE(set(n) == n); }
+  ~Threads() { set(old_); }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+  // Returns the count in effect after.
+  static int set(int n) {
+    if (at::get_num_threads() == n) return n;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    if (at::get_num_threads() != n) at::set_num_threads(n);
+    return at::get_num_threads();
+  }
+  int old_;
 };
 
 // The message of the asap::Error that f throws (fails the test when none is thrown).
