@@ -72,9 +72,12 @@ if [ "${ASAP_SKIP_SANITIZE:-0}" != 1 ]; then
   rm -f build-asan/asap_tests*.log
   say "doctest suite under ASan+UBSan in $shards process(es) (log: ${logs[*]})"
   pids=()
+  # OMP_WAIT_POLICY=PASSIVE (unless set): with two processes on two cores,
+  # OpenMP workers spinning between parallel regions take the CPU from the
+  # other process (docs/reliability.md, "Test time").
   for i in "${!logs[@]}"; do
     # shellcheck disable=SC2086
-    build-asan/tests/asap_tests --no-intro=true --duration=true ${filters[$i]:+"${filters[$i]}"} \
+    OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} build-asan/tests/asap_tests --no-intro=true --duration=true ${filters[$i]:+"${filters[$i]}"} \
       ${exclude:+"--test-case-exclude=$exclude"} ${ASAP_DOCTEST_ARGS:-} > "${logs[$i]}" 2>&1 &
     pids+=($!)
   done
