@@ -74,8 +74,8 @@ TEST_CASE("runtime: concurrent calls on one loaded model agree with sequential c
     vs.push_back(at::randn({2, 1, 12, 3}));
     expect[i] = model.attend("golden", qs[i], ks[i], vs[i]).out;
   }
-  // Each caller with the team size of the sequential calls: the fused path's
-  // bits depend on it (head-parallel or within-head work split).
+  // Each caller with the team size of the sequential calls: the last bits
+  // can depend on it (docs/decisions.md, "Threads").
   const int team = at::get_num_threads();
   std::vector<std::thread> th;
   for (int t = 0; t < 4; ++t)
