@@ -319,19 +319,21 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const double eps = c.eps;
   const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
   const double scale = s.score_scale;
-  // Without a mask every head's rows are all n rows, contiguous across heads:
-  // alpha for a thread's heads in one sweep (at n = 17 the per-head calls,
-  // each with its index loads and a remainder row, cost 3% of a call).
+  // When every head's rows are all n rows (no mask, or a mask that keeps the
+  // padded queries, as the Sinkformer text model does), they are contiguous
+  // across heads: alpha for a thread's heads in one sweep (at n = 17 the
+  // per-head calls, each with its index loads and a remainder row, cost 3% of
+  // a call; on the padded text batch 3% of a 6-pass map's instructions).
   // Each thread writes its range's alpha to its own scratch (slot 5), from
   // the range's first head (range_first). With one buffer of the caller's,
   // the other thread's stores went to the caller's memory: two heads on 2
   // threads took 3.95 us (3.92 on one), now 3.75 (docs/performance.md).
   const auto range_check = flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv);
   std::function<void(int64_t, int64_t)> per_range;
-  if (full || range_check)
+  if (every_row || range_check)
     per_range = [&](int64_t b, int64_t e) {
       if (range_check) range_check(b, e);
-      if (full) {
+      if (every_row) {
         range_first() = b;
         kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), scratch<T>(5, (e - b) * n));
       }
@@ -343,12 +345,12 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
         const T* qh = qp + bh * n * d;
         eng.load(qh, kp + bh * n * d, vp + bh * n * dv, a, scale / eps);
         const int64_t nR = eng.rows(), nJ = eng.keys();
-        T* alpha = full ? scratch<T>(5, 0) + (bh - range_first()) * n : scratch<T>(0, nR);
+        T* alpha = every_row ? scratch<T>(5, 0) + (bh - range_first()) * n : scratch<T>(0, nR);
         T* fh = scratch<T>(1, nR);
         T* gh = scratch<T>(2, nJ);
         T* ph = php ? scratch<T>(3, nR) : nullptr;
         T* ps = psp ? scratch<T>(4, P * nR) : nullptr;
-        if (!full) query_alpha(kt, qh, a, d, scale, alpha);
+        if (!every_row) query_alpha(kt, qh, a, d, scale, alpha);
         const double* beta = cp + (per_head ? (bh % H) * P : 0);
         HeadOut<T> out{Op + bh * n * dv, Ap ? Ap + bh * n * n : nullptr};
         eng.asap_map(fs, beta, eps, alpha, closures, log_mult, fh, gh, out, ph, ps);
