@@ -5,7 +5,8 @@ long-sequence compile case (tools/bench/make_throughput_case.py), the slice
 families' floor (tools/experiments/slice_floor.py), what slices buy on the
 bundled teacher (tools/experiments/slice_errors.sh), and the alternating timers
 (tools/experiments/build_ab.sh, pair_ratios.sh) on fake benches, and the
-scaling-domain prototype (tools/experiments/scaling_domain.sh) and the score range
+scaling-domain prototype (tools/experiments/scaling_domain.sh), the heads-in-lanes
+prototype (tools/experiments/heads_in_lanes.sh) and the score range
 (tools/experiments/score_range.py).
 
     ${PYTHON:-/usr/bin/python3} tests/python/test_bench_tools.py [-k SUBSTRING]
@@ -355,6 +356,43 @@ def scaling_domain_prototype_matches_the_log_domain_and_refuses_wide_scores():
         assert r.stdout.count("(in range)") == 2, r.stdout
         r = subprocess.run([sh, "x"], capture_output=True, text=True, env=env)
         assert r.returncode == 2 and "expected REPS as a positive integer, found 'x'" in r.stderr, r.stderr
+
+
+@test
+def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
+    # tools/experiments/heads_in_lanes.{sh,cpp}: the lanes loop gives the
+    # float64 loop's output to float32 rounding, and F and p are the line
+    # through T' = 2, 4, 6 (a fake asap_bench: 10 + 2 T' us, so F = 10,
+    # p = 2 and (F + 6p) / (F + 4p) = 22 / 18).
+    import re
+    sh = os.path.join(TOOLS, "experiments", "heads_in_lanes.sh")
+    with tempfile.TemporaryDirectory() as d:
+        bench = os.path.join(d, "asap_bench")
+        with open(bench, "w") as f:
+            f.write("#!/bin/sh\nprintf '{\"results\": [")
+            f.write(", ".join('{\"op\": \"layer_sinkhorn\", \"param\": %d, \"median_s\": %g}' % (t, (10 + 2 * t) * 1e-6)
+                              for t in (1, 2, 4, 6)))
+            f.write("]}\\n'\n")
+        os.chmod(bench, 0o755)
+        env = dict(os.environ, BENCH=bench, OUT=os.path.join(d, "proto"))
+        r = subprocess.run([sh, "1", "17:16 9:8"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        diffs = [float(x) for x in re.findall(r"max \|diff\| (\S+)\)", r.stdout)]
+        assert len(diffs) == 2 and max(diffs) < 1e-5, r.stdout
+        fused = re.findall(r"^fused: F = (\S+) us, p = (\S+) us a pass, F/p = (\S+), \(F \+ 6p\) / \(F \+ 4p\) = (\S+)$",
+                           r.stdout, re.M)
+        assert fused == [("10.0", "2.0", "5.00", "1.222")] * 2, r.stdout
+        rows = re.findall(r"^\s+(\d)\s+(\S+)\s+(\S+)\s+(\S+)$", r.stdout, re.M)
+        assert [x[0] for x in rows] == ["1", "2", "4", "6"] * 2, r.stdout
+        for t, f_us, l_us, ratio in rows:
+            assert float(f_us) == 10 + 2 * int(t) and float(l_us) > 0, rows
+            assert abs(float(ratio) - float(f_us) / float(l_us)) < 0.01, rows
+        assert r.stdout.count("lanes: F = ") == 2, r.stdout
+        for args, msg in ((["x"], "expected ROUNDS as a positive integer, found 'x'"),
+                          (["1", "17:x"], "expected N:D, found '17:x'"),
+                          (["1", "17:12"], "expected D a multiple of 8")):
+            r = subprocess.run([sh] + args, capture_output=True, text=True, env=env)
+            assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
 
 
 @test
