@@ -363,7 +363,8 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
     # tools/experiments/heads_in_lanes.{sh,cpp}: the lanes loop gives the
     # float64 loop's output to float32 rounding, and F and p are the line
     # through T' = 2, 4, 6 (a fake asap_bench: 10 + 2 T' us, so F = 10,
-    # p = 2 and (F + 6p) / (F + 4p) = 22 / 18).
+    # p = 2 and (F + 6p) / (F + 4p) = 22 / 18); a head with an infinite value
+    # comes out all NaN.
     import re
     sh = os.path.join(TOOLS, "experiments", "heads_in_lanes.sh")
     with tempfile.TemporaryDirectory() as d:
@@ -388,6 +389,9 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
             assert float(f_us) == 10 + 2 * int(t) and float(l_us) > 0, rows
             assert abs(float(ratio) - float(f_us) / float(l_us)) < 0.01, rows
         assert r.stdout.count("lanes: F = ") == 2, r.stdout
+        proto = subprocess.run([os.path.join(d, "proto"), "9", "8", "16", "1", "1,2"], capture_output=True, text=True)
+        assert proto.returncode == 0, proto.stderr
+        assert "its head's output all NaN yes, the other heads unchanged yes" in proto.stdout, proto.stdout
         for args, msg in ((["x"], "expected ROUNDS as a positive integer, found 'x'"),
                           (["1", "17:x"], "expected N:D, found '17:x'"),
                           (["1", "17:12"], "expected D a multiple of 8")):

@@ -10,7 +10,8 @@
 # Each build directory holds tools/asap_bench and libasap.so.0 (as for
 # build_ab.sh). Prints the instructions per head of every function whose name
 # matches PATTERN (an extended regex; default: the whole fast path), old, new
-# and new / old. BH: batch x heads (default 4x4); REPS (default 51).
+# and new / old. BH: batch x heads (default 4x4); REPS (default 51); BENCH_ARGS:
+# more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch).
 # Needs valgrind (Debian package valgrind). About 3 minutes per build: the
 # benchmark's start-up and peak probes run under valgrind too.
 set -euo pipefail
@@ -34,7 +35,7 @@ for side in old new; do
       LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
       valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$tmp/$side.out" \
       "$dir/tools/asap_bench" --n "$n" --bh "$BH" --d "$d" --slices "$L" --T 6,8 --k 1,2,3,4,5,6 \
-      --threads 1 --wait-policy active --reps "$REPS" --no-mem --only "$op" > "$tmp/$side.json" 2> "$tmp/$side.err"; then
+      --threads 1 --wait-policy active --reps "$REPS" --no-mem ${BENCH_ARGS:-} --only "$op" > "$tmp/$side.json" 2> "$tmp/$side.err"; then
     tail -5 "$tmp/$side.err" >&2
     echo "instr_ab.sh: asap_bench under valgrind failed for the $side build ($dir)" >&2
     exit 1

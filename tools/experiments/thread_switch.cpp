@@ -7,9 +7,16 @@
 #include <omp.h>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 int main(int argc, char** argv) {
-  int mode = argc > 1 ? atoi(argv[1]) : 0;
+  if (argc != 2 || (std::strcmp(argv[1], "0") != 0 && std::strcmp(argv[1], "1") != 0)) {
+    std::fprintf(stderr,
+                 "thread_switch: expected one argument, 0 (at::set_num_threads) or 1 (omp_set_num_threads), found %s\n",
+                 argc > 1 ? argv[1] : "none");
+    return 2;
+  }
+  const int mode = argv[1][0] - '0';
   at::set_num_threads(2);
   auto t0 = std::chrono::steady_clock::now();
   clock_t c0 = clock();
