@@ -283,6 +283,13 @@ def asap_bench_lengths_time_a_padded_batch_and_bad_lists_are_refused():
                       (["--n", "1x7"], "--n: expected a comma-separated list of integers, found '1x7'")):
         r = subprocess.run([bench] + args + ["--only", "sinkhorn_1"], capture_output=True, text=True)
         assert r.returncode != 0 and msg in r.stderr, (args, r.returncode, r.stderr)
+    # An --only that names no operator of the run (sinkhorn_4 needs 4 in --k)
+    # is refused in one sentence; it used to crash on an empty operator list.
+    r = subprocess.run([bench, "--n", "8", "--bh", "2x1", "--d", "4", "--T", "2", "--k", "1", "--slices", "0",
+                        "--reps", "1", "--no-mem", "--threads", "1", "--only", "sinkhorn_4"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "--only: expected operators of this run at n = 8 (" in r.stderr \
+        and "sinkhorn_1" in r.stderr and "found 'sinkhorn_4'" in r.stderr, (r.returncode, r.stderr)
 
 
 @test

@@ -331,6 +331,13 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
       if (std::find(names.begin(), names.end(), op.name) != names.end() ||
           std::find(names.begin(), names.end(), op.label()) != names.end())
         keep.push_back(op);
+    if (keep.empty()) {
+      // Nothing to time (max_element over no operators crashed here).
+      std::string have;
+      for (const auto& op : ops) have += (have.empty() ? "" : ", ") + op.label();
+      throw asap::Error("--only: expected operators of this run at n = " + std::to_string(n) + " (" + have +
+                        "; --T and --k set which exist), found '" + s.only + "'");
+    }
     ops = keep;
   }
   return ops;
