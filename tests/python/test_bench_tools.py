@@ -192,7 +192,8 @@ def slice_errors_prints_every_fitted_prefix_per_layer_and_target():
 
 
 def fake_bench(directory, medians):
-    """A build directory whose tools/asap_bench prints the given median (seconds) per --only operator."""
+    """A build directory whose tools/asap_bench prints the given median (seconds) per --only operator, and
+    half of it as the run's fastest call (min_s)."""
     os.makedirs(os.path.join(directory, "tools"), exist_ok=True)
     path = os.path.join(directory, "tools", "asap_bench")
     table = " ".join(f"{op}={t}" for op, t in medians.items())
@@ -200,7 +201,8 @@ def fake_bench(directory, medians):
         f.write(f"#!/bin/sh\necho \"$*\" >> '{directory}/args.log'\n"
                 "op=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --only ] && op=$2; shift; done\n"
                 f"for kv in {table}; do [ \"${{kv%%=*}}\" = \"$op\" ] && "
-                "printf '{\"results\": [{\"median_s\": %s}]}\\n' \"${kv#*=}\"; done\nexit 0\n")
+                "printf '{\"results\": [{\"median_s\": %s, \"min_s\": %s}]}\\n' \"${kv#*=}\" "
+                "\"$(echo \"${kv#*=}\" | awk '{print $1 / 2}')\"; done\nexit 0\n")
     os.chmod(path, 0o755)
 
 
@@ -215,6 +217,14 @@ def build_ab_and_pair_ratios_print_the_least_medians_and_their_ratio():
         r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         assert "old     200.0 us" in r.stdout and "new     150.0 us" in r.stdout and "new/old 0.750" in r.stdout, r.stdout
+        # STAT=min: the least of each run's fastest call instead of its median.
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True,
+                           env=dict(env, STAT="min"))
+        assert r.returncode == 0, r.stderr
+        assert "least min" in r.stdout and "old     100.0 us" in r.stdout and "new      75.0 us" in r.stdout, r.stdout
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True,
+                           env=dict(env, STAT="max"))
+        assert r.returncode == 2 and "expected STAT median or min, found 'max'" in r.stderr, r.stderr
         r = subprocess.run([ab, os.path.join(d, "none"), new, "17", "16", "1", "16", "asap_1"], capture_output=True,
                            text=True, env=env)
         assert r.returncode != 0 and "expected an asap_bench at" in r.stderr and "none" in r.stderr, r.stderr

@@ -10,7 +10,7 @@
 #        tools/experiments/build_ab.sh /tmp/old/build build 17 16 1 16 asap_1 asap_s3_1
 # Each build directory holds tools/asap_bench and libasap.so.0 (found there
 # first, through LD_LIBRARY_PATH). BH: batch x heads (default 16x4; 4x4 keeps q, k
-# and v in L2 where a shared L3 is noisy). BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
+# and v in L2 where a shared L3 is noisy). STAT: median (default) or min, the statistic of each run (the fastest call of a run is the least touched by a burst of load from another process). BENCH_ARGS: more asap_bench flags (e.g. --lengths 5,11,5,8 for a padded batch). ROUNDS (default 5), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 7 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
@@ -18,6 +18,8 @@ old=$1 new=$2 n=$3 d=$4 th=$5 L=$6
 shift 6
 PYTHON=${PYTHON:-/usr/bin/python3}
 ROUNDS=${ROUNDS:-5}
+STAT=${STAT:-median}
+[ "$STAT" = median ] || [ "$STAT" = min ] || { echo "build_ab.sh: expected STAT median or min, found '$STAT'" >&2; exit 2; }
 for b in "$old" "$new"; do
   [ -x "$b/tools/asap_bench" ] || { echo "build_ab.sh: expected an asap_bench at '$b/tools/asap_bench', found none" >&2; exit 2; }
 done
@@ -28,7 +30,7 @@ for op in "$@"; do
       [ "$side" = new ] && dir=$new
       LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh ${BH:-16x4} --d "$d" \
         --slices "$L" --T 6,8 --k 1,2,3,4,5,6 --threads "$th" --wait-policy active --reps 401 --no-mem ${BENCH_ARGS:-} --only "$op" \
-        2>/dev/null | "$PYTHON" -c "import json,sys; [print('$side', '$op', r['median_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
+        2>/dev/null | "$PYTHON" -c "import json,sys; [print('$side', '$op', r['${STAT}_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
     done
   done
 done | "$PYTHON" -c "
@@ -43,5 +45,5 @@ for op, v in m.items():
     if 'old' not in v or 'new' not in v:
         sys.exit(f'build_ab.sh: {op}: no timing from one of the builds')
     o, w = min(v['old']), min(v['new'])
-    print(f'n = $n, d = $d, $th thread(s), $L slices  {op:12s} old {o:9.1f} us  new {w:9.1f} us  new/old {w / o:.3f}')
+    print(f'n = $n, d = $d, $th thread(s), $L slices, least $STAT  {op:12s} old {o:9.1f} us  new {w:9.1f} us  new/old {w / o:.3f}')
 "
