@@ -435,6 +435,19 @@ def fork_join_times_the_team_with_the_threads_asked_for():
 
 
 @test
+def thread_switch_times_both_modes_and_refuses_another():
+    # tools/experiments/thread_switch.{sh,cpp}: one line per mode asked for, ending on
+    # LibTorch's thread count after the switches (2); a mode other than 0 or 1 is
+    # refused in one sentence (it used to run as mode 1).
+    import re
+    sh = os.path.join(TOOLS, "experiments", "thread_switch.sh")
+    r = subprocess.run([sh, "0", "1", "x"], capture_output=True, text=True)
+    rows = re.findall(r"^mode (\d): wall \S+ ms per pair, cpu \S+ ms per pair, get_num_threads (\d+)$", r.stdout, re.M)
+    assert rows == [("0", "2"), ("1", "2")], r.stdout
+    assert r.returncode == 2 and "expected one argument, 0 (at::set_num_threads) or 1 (omp_set_num_threads), found x" \
+        in r.stderr, (r.returncode, r.stderr)
+
+@test
 def score_range_finds_the_column_far_below_every_row():
     # tools/experiments/score_range.py on a hand-made layer: one head of
     # width 1, queries 1, 2, 1, keys 20, 0, -140, score scale 2 and eps 4, so
@@ -476,6 +489,43 @@ def score_range_finds_the_column_far_below_every_row():
             json.dump({"layers": [layer]}, f)
         r = subprocess.run([sys.executable, sh, pt, spec, calib], capture_output=True, text=True)
         assert r.returncode == 2 and "expected 'layers/other/x' in" in r.stderr and "found no 'layers/other/x'" in r.stderr, r.stderr
+
+
+
+@test
+def exp_poly_fits_the_kernels_coefficients_and_bounds_their_error():
+    # tools/experiments/exp_poly.py: the coefficients in exp_f32 are the degree-5 fit
+    # (to 1e-9), and the float32 emulation of the kernel stays under the 3e-7 that
+    # tests/test_fast.cpp asks of the real kernel, against exp in float64.
+    sys.path.insert(0, os.path.join(TOOLS, "experiments"))
+    import exp_poly
+    kernel = exp_poly.kernel_coefficients(exp_poly.KERNELS)
+    fitted = exp_poly.fit(5)
+    assert len(kernel) == 5 and all(abs(a - b) <= 1e-9 * abs(b) for a, b in zip(kernel, fitted)), (kernel, fitted)
+    err = exp_poly.max_rel_error(kernel)
+    assert 5e-8 < err < 3e-7, err
+    # A one-term shorter polynomial is far off: the emulation sees the difference.
+    assert exp_poly.max_rel_error(list(exp_poly.fit(4))) > 1e-6
+    py = os.path.join(TOOLS, "experiments", "exp_poly.py")
+    with tempfile.TemporaryDirectory() as d:
+        copy = os.path.join(d, "k.h")
+        with open(exp_poly.KERNELS) as src, open(copy, "w") as dst:
+            dst.write(src.read())
+        r = subprocess.run([sys.executable, py, "patch", "3", copy], capture_output=True, text=True)
+        assert r.returncode == 0 and "degree-3 2^f" in r.stdout, r.stderr
+        text = open(copy).read()
+        s, e = exp_poly.exp_f32_source(text)
+        assert text[s:e].count("p = p * f + ") == 3 and "p = p * r + " not in text[s:e], text[s:e]
+        for args, msg in ((["fit", "x"], "expected DEG an integer from 2 to 8, found 'x'"),
+                          (["check", os.path.join(d, "none.h")], "expected the kernels file '%s'" % os.path.join(d, "none.h")),
+                          (["check", copy], "expected exp_f32's Horner steps 'p = p * r + c'")):
+            r = subprocess.run([sys.executable, py] + args, capture_output=True, text=True)
+            assert r.returncode != 0 and msg in r.stderr, (args, r.returncode, r.stderr)
+        sh = os.path.join(TOOLS, "experiments", "exp_variant.sh")
+        for args, msg in ((["9", os.path.join(d, "v")], "expected DEG an integer from 2 to 8, found '9'"),
+                          (["3", d], "expected DIR not to exist yet, found '%s'" % d)):
+            r = subprocess.run([sh] + args, capture_output=True, text=True)
+            assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
 
 
 if __name__ == "__main__":
