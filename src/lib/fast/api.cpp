@@ -137,17 +137,26 @@ void query_alpha(const detail::KernelTable<T>& kt, const T* q, const Active& a, 
 // aligned: the duals are read by full vectors in every pass, and a
 // std::vector's 16-byte alignment split those loads across cache lines
 // (the row pass ran 7% slower on one slot than on another at n = 17).
+// `first` is the first head of the range the calling thread runs (set by a
+// per_range of drive(), read by its per-head calls on the same thread). A
+// per-head call takes the whole area once: each thread_local access in this
+// shared library is a call to __tls_get_addr.
 template <class T>
-T* scratch(int slot, int64_t count) {
-  thread_local detail::Buf<T> bufs[6];
-  return bufs[slot].get(count);
+struct ThreadScratch {
+  detail::Buf<T> bufs[6];
+  int64_t first = 0;
+  T* get(int slot, int64_t count) { return bufs[slot].get(count); }
+};
+
+template <class T>
+ThreadScratch<T>& thread_scratch() {
+  thread_local ThreadScratch<T> s;
+  return s;
 }
 
-// The first head of the range the calling thread runs (set by a per_range
-// of drive(), read by its per-head calls on the same thread).
-inline int64_t& range_first() {
-  thread_local int64_t b = 0;
-  return b;
+template <class T>
+T* scratch(int slot, int64_t count) {
+  return thread_scratch<T>().get(slot, count);
 }
 
 // An output tensor the heads fill: uninitialised when they write every
@@ -221,9 +230,10 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
         const Active& a = act[bh / H];
         eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
         const int64_t nR = eng.rows(), nJ = eng.keys();
-        T* fh = scratch<T>(0, nR);
-        T* gh = scratch<T>(1, nJ);
-        T* fs = has_star ? scratch<T>(2, nR) : nullptr;
+        ThreadScratch<T>& ts = thread_scratch<T>();
+        T* fh = ts.get(0, nR);
+        T* gh = ts.get(1, nJ);
+        T* fs = has_star ? ts.get(2, nR) : nullptr;
         HeadOut<T> out{Op ? Op + bh * n * dv : nullptr, Ap ? Ap + bh * n * n : nullptr};
         eng.teacher(T_budget, log_mult, fh, gh, fs, out);
         if (!want_duals) return;
@@ -233,7 +243,7 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
         for (int64_t r = 0; r < nR; ++r) fo[a.rows[r]] = eps * fh[r];
         for (int64_t j = 0; j < nJ; ++j) go[a.keys[j]] = eps * gh[j];
         if (has_star) {
-          T* alpha = scratch<T>(3, nR);
+          T* alpha = ts.get(3, nR);
           query_alpha(kt, qp + bh * n * d, a, d, scale, alpha);
           T* so = fsp + bh * n;
           T* po = pbp + bh * n;
@@ -325,7 +335,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   // per-head calls, each with its index loads and a remainder row, cost 3% of
   // a call; on the padded text batch 3% of a 6-pass map's instructions).
   // Each thread writes its range's alpha to its own scratch (slot 5), from
-  // the range's first head (range_first). With one buffer of the caller's,
+  // the range's first head (ThreadScratch::first). With one buffer of the caller's,
   // the other thread's stores went to the caller's memory: two heads on 2
   // threads took 3.95 us (3.92 on one), now 3.75 (docs/performance.md).
   const auto range_check = flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv);
@@ -334,8 +344,9 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
     per_range = [&](int64_t b, int64_t e) {
       if (range_check) range_check(b, e);
       if (every_row) {
-        range_first() = b;
-        kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), scratch<T>(5, (e - b) * n));
+        ThreadScratch<T>& ts = thread_scratch<T>();
+        ts.first = b;
+        kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), ts.get(5, (e - b) * n));
       }
     };
   drive<T>(
@@ -345,11 +356,12 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
         const T* qh = qp + bh * n * d;
         eng.load(qh, kp + bh * n * d, vp + bh * n * dv, a, scale / eps);
         const int64_t nR = eng.rows(), nJ = eng.keys();
-        T* alpha = every_row ? scratch<T>(5, 0) + (bh - range_first()) * n : scratch<T>(0, nR);
-        T* fh = scratch<T>(1, nR);
-        T* gh = scratch<T>(2, nJ);
-        T* ph = php ? scratch<T>(3, nR) : nullptr;
-        T* ps = psp ? scratch<T>(4, P * nR) : nullptr;
+        ThreadScratch<T>& ts = thread_scratch<T>();
+        T* alpha = every_row ? ts.bufs[5].data() + (bh - ts.first) * n : ts.get(0, nR);
+        T* fh = ts.get(1, nR);
+        T* gh = ts.get(2, nJ);
+        T* ph = php ? ts.get(3, nR) : nullptr;
+        T* ps = psp ? ts.get(4, P * nR) : nullptr;
         if (!every_row) query_alpha(kt, qh, a, d, scale, alpha);
         const double* beta = cp + (per_head ? (bh % H) * P : 0);
         HeadOut<T> out{Op + bh * n * dv, Ap ? Ap + bh * n * n : nullptr};

@@ -1102,12 +1102,15 @@ bool last_column_nt(int64_t M, int64_t K, const T* A, int64_t lda, const T* b, T
   return true;
 }
 
-// The squared norms (times half_s) of the W float32 rows x[0..W-1] (row i
-// from x[bit_reverse(i)]) into out[0..W-1]. Not inlined: both callers (listed
-// and contiguous rows) then run the same code, so their results are the same
-// bits; inlined, GCC fused a multiply and an add in one and not the other.
-template <class T>
-__attribute__((noinline)) void sqnorm_block_f32(const T* const* x, int64_t d, T half_s, T* out) {
+// The squared norms (times half_s) of the W float32 rows x[0..W-1] of NV
+// vectors each (row i from x[bit_reverse(i)]): each row's squares summed
+// lane-wise (one chain up to 4 vectors, two chains joined at the end
+// beyond), then lane_sums. Inlined into one loop (sqnorm_blocks_f32) that
+// both callers (listed and contiguous rows) run, so their results are the
+// same bits; as a function of its own per block it was called through an
+// array of row pointers in memory, a third of alpha's instructions at n = 17.
+template <class T, int NV>
+__attribute__((always_inline)) inline typename Vec<T>::V sqnorm_block_f32(const T* const* x, T half_s) {
   using V = typename Vec<T>::V;
   using U = typename Vec<T>::U;
   using I = typename Vec<T>::UE;
@@ -1117,61 +1120,92 @@ __attribute__((noinline)) void sqnorm_block_f32(const T* const* x, int64_t d, T 
   for (int i = 0; i < W; ++i) {
     const T* xi = x[i];
     V acc = load<V>(xi) * load<V>(xi);
-    if (d <= 4 * W) {
-      for (int64_t c = W; c < d; c += W) {
-        const V v = load<V>(xi + c);
+    if constexpr (NV <= 4) {
+#pragma GCC unroll 8
+      for (int c = 1; c < NV; ++c) {
+        const V v = load<V>(xi + c * W);
         acc += v * v;
       }
     } else {
       V acc1 = load<V>(xi + W) * load<V>(xi + W);
-      int64_t c = 2 * W;
-      for (; c + W < d; c += 2 * W) {
-        const V v = load<V>(xi + c), w = load<V>(xi + c + W);
+      int c = 2;
+#pragma GCC unroll 8
+      for (; c + 1 < NV; c += 2) {
+        const V v = load<V>(xi + c * W), w = load<V>(xi + (c + 1) * W);
         acc += v * v;
         acc1 += w * w;
       }
-      if (c < d) {
-        const V v = load<V>(xi + c);
+      if (c < NV) {
+        const V v = load<V>(xi + c * W);
         acc += v * v;
       }
       acc += acc1;
     }
     a[i] = acc;
   }
-  store(out, lane_sums<V, U, I, W>(a) * half_s);
+  return lane_sums<V, U, I, W>(a) * half_s;
+}
+
+// Blocks of W rows (rows listed, or the first rows of q when rows is null),
+// NV = d / W vectors a row. Returns the rows done.
+template <class T, int NV>
+__attribute__((noinline)) int64_t sqnorm_blocks_f32(int64_t count, const int64_t* rows, const T* q, T half_s, T* out) {
+  using I = typename Vec<T>::UE;
+  constexpr int W = Vec<T>::W, d = NV * W;
+  constexpr int kBits = LaneSumMasks<I, W>::kRounds;
+  int64_t r = 0;
+  for (; r + W <= count; r += W) {
+    const T* x[W];
+    if (rows) {
+#pragma GCC unroll 32
+      for (int i = 0; i < W; ++i) x[i] = q + rows[r + bit_reverse(i, kBits)] * d;
+    } else {
+#pragma GCC unroll 32
+      for (int i = 0; i < W; ++i) x[i] = q + (r + bit_reverse(i, kBits)) * d;
+    }
+    store(out + r, sqnorm_block_f32<T, NV>(x, half_s));
+  }
+  return r;
 }
 
 // float32 squared norms of W rows at once when d is a multiple of the vector
-// width W and at most 8 W: each row's squares summed lane-wise over its
-// d / W vectors (one chain up to 4 vectors, two chains joined at the end
-// beyond), then lane_sums. That is the reference's own float32 sum,
-// regrouped (at most 4 + log2(W) rounded adds of positive terms on any
-// path: under 1e-6 relative); the float64 path below was 4% of a slice-free
-// map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8), which the
-// limit of 4 W sent there. Returns the rows done.
-template <class T, class Row>
-int64_t row_sqnorm_f32_blocks(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
+// width W and at most 8 W (sqnorm_block_f32). That is the reference's own
+// float32 sum, regrouped (at most 4 + log2(W) rounded adds of positive terms
+// on any path: under 1e-6 relative); the float64 path below was 4% of a
+// slice-free map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8),
+// which the limit of 4 W sent there. Returns the rows done.
+template <class T>
+int64_t row_sqnorm_f32_blocks(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
   if constexpr (sizeof(T) != 4) {
     return 0;
   } else {
-    using I = typename Vec<T>::UE;
     constexpr int W = Vec<T>::W;
-    constexpr int kBits = LaneSumMasks<I, W>::kRounds;
     if (d % W != 0 || d > 8 * W) return 0;
-    int64_t r = 0;
-    for (; r + W <= count; r += W) {
-      const T* x[W];
-      for (int i = 0; i < W; ++i) x[i] = q + row(r + bit_reverse(i, kBits)) * d;
-      sqnorm_block_f32<T>(x, d, half_s, out + r);
+    switch (d / W) {
+      case 1:
+        return sqnorm_blocks_f32<T, 1>(count, rows, q, half_s, out);
+      case 2:
+        return sqnorm_blocks_f32<T, 2>(count, rows, q, half_s, out);
+      case 3:
+        return sqnorm_blocks_f32<T, 3>(count, rows, q, half_s, out);
+      case 4:
+        return sqnorm_blocks_f32<T, 4>(count, rows, q, half_s, out);
+      case 5:
+        return sqnorm_blocks_f32<T, 5>(count, rows, q, half_s, out);
+      case 6:
+        return sqnorm_blocks_f32<T, 6>(count, rows, q, half_s, out);
+      case 7:
+        return sqnorm_blocks_f32<T, 7>(count, rows, q, half_s, out);
+      default:
+        return sqnorm_blocks_f32<T, 8>(count, rows, q, half_s, out);
     }
-    return r;
   }
 }
 
-// Squared norms accumulated in float64 vectors (float32 inputs widened
-// lane-wise, products exact), one horizontal sum per row.
+// Squared norms of rows r0..count-1 accumulated in float64 vectors (float32
+// inputs widened lane-wise, products exact), one horizontal sum per row.
 template <class T, class Row>
-void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
+void row_sqnorm_t(int64_t r0, int64_t count, const Row& row, const T* q, int64_t d, T half_s, T* out) {
   using D = Vec<double>::V;
   constexpr int WD = Vec<double>::W;
   constexpr int kBitsD = log2_width(WD);
@@ -1189,7 +1223,7 @@ void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s
     }
     return acc;
   };
-  int64_t r = row_sqnorm_f32_blocks(count, row, q, d, half_s, out);
+  int64_t r = r0;
   if (d % WD == 0) {
     // Blocks of WD rows: one accumulator per row, then lane_sums, which
     // leaves row i's sum in lane i, instead of a horizontal reduction per
@@ -1214,12 +1248,14 @@ void row_sqnorm_t(int64_t count, const Row& row, const T* q, int64_t d, T half_s
 // instead of one per head).
 template <class T>
 void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
+  const int64_t r0 = row_sqnorm_f32_blocks(count, rows, q, d, half_s, out);
+  if (r0 == count) return;
   if (rows)
     row_sqnorm_t(
-        count, [rows](int64_t r) { return rows[r]; }, q, d, half_s, out);
+        r0, count, [rows](int64_t r) { return rows[r]; }, q, d, half_s, out);
   else
     row_sqnorm_t(
-        count, [](int64_t r) { return r; }, q, d, half_s, out);
+        r0, count, [](int64_t r) { return r; }, q, d, half_s, out);
 }
 
 template <class T>
