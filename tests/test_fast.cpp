@@ -529,21 +529,32 @@ TEST_CASE("fast: gemm_nt's lone last column (n = 17, 33, ...) is the micro tiles
 }
 
 // gemm_tn on A^T against gemm_nn on A: the same sums in the same order, so
-// the same bits, with and without row scales; and gemm_nn against float64.
+// the same bits, with and without row scales; gemm_nn with B's row scales
+// (bscale) against gemm_nn on B's rows scaled first, bit for bit (the final
+// column pass relies on it); and gemm_nn against float64.
 template <class T>
 void check_gemm_tn(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int64_t N, int64_t Nv) {
   const int64_t lda = N + 3, ldat = M + 5, ldc = Nv + kt.width;
   std::vector<T> A(static_cast<size_t>(M * lda)), AT(static_cast<size_t>(N * ldat)), B(static_cast<size_t>(N * Nv));
-  std::vector<T> rs(static_cast<size_t>(M));
+  std::vector<T> rs(static_cast<size_t>(M)), bs(static_cast<size_t>(N)), Bs(B.size());
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j)
       A[i * lda + j] = AT[j * ldat + i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i * N + j)) + 1.5);
   for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<T>(std::cos(0.23 * static_cast<double>(i)));
   for (int64_t i = 0; i < M; ++i) rs[i] = static_cast<T>(0.5 + 0.01 * static_cast<double>(i));
+  for (int64_t j = 0; j < N; ++j) {
+    bs[j] = static_cast<T>(0.3 + 0.07 * static_cast<double>(j));
+    for (int64_t c = 0; c < Nv; ++c) Bs[j * Nv + c] = B[j * Nv + c] * bs[j];
+  }
   for (const T* scale : {static_cast<const T*>(nullptr), static_cast<const T*>(rs.data())}) {
-    std::vector<T> C1(static_cast<size_t>(M * ldc), T(7)), C2(C1);
-    kt.gemm_nn(M, N, Nv, A.data(), lda, B.data(), Nv, C1.data(), ldc, scale);
-    kt.gemm_tn(M, N, Nv, AT.data(), ldat, B.data(), Nv, C2.data(), ldc, scale);
+    std::vector<T> C1(static_cast<size_t>(M * ldc), T(7)), C2(C1), C3(C1), C4(C1);
+    kt.gemm_nn(M, N, Nv, A.data(), lda, B.data(), Nv, C1.data(), ldc, scale, nullptr);
+    kt.gemm_tn(M, N, Nv, AT.data(), ldat, B.data(), Nv, C2.data(), ldc, scale, nullptr);
+    kt.gemm_nn(M, N, Nv, A.data(), lda, B.data(), Nv, C3.data(), ldc, scale, bs.data());
+    kt.gemm_nn(M, N, Nv, A.data(), lda, Bs.data(), Nv, C4.data(), ldc, scale, nullptr);
+    CHECK_MESSAGE(C3 == C4, "gemm_nn with B's row scales M=" << M << " N=" << N << " Nv=" << Nv
+                                                             << ": not the product with B's rows scaled first");
+    CHECK_MESSAGE(C3 != C1, "gemm_nn M=" << M << " N=" << N << " Nv=" << Nv << ": B's row scales had no effect");
     int differ = 0;
     double worst = 0;
     for (int64_t i = 0; i < M; ++i)
@@ -563,7 +574,9 @@ void check_gemm_tn(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int6
   }
 }
 
-TEST_CASE("fast: gemm_tn is gemm_nn of the transposed operand, bit for bit, on every instruction set") {
+TEST_CASE(
+    "fast: gemm_tn is gemm_nn of the transposed operand, and B's row scales in gemm_nn are B scaled first, bit for "
+    "bit, on every instruction set") {
   for (const auto& isa : asap::fast::available_isas()) {
     CAPTURE(isa);
     const auto& K = kernels_of(isa);

@@ -205,7 +205,7 @@ T* Engine<T>::tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int6
 
 template <class T>
 void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
-                     int tid, const HeadOut<T>& out, bool transposed) {
+                     const T* bscale, int tid, const HeadOut<T>& out, bool transposed) {
   const int64_t rows = r1 - r0;
   const Active& a = *act_;
   const auto gemm = transposed ? kt_.gemm_tn : kt_.gemm_nn;
@@ -213,10 +213,10 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
     if (a.row_run >= 0 && dvp_ == dv_) {
       // Straight into the output rows, when they are consecutive (a copy
       // through scratch was 2% of a 4-pass call at n = 17).
-      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + (a.row_run + r0) * dv_, dv_, rscale);
+      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, out.O + (a.row_run + r0) * dv_, dv_, rscale, bscale);
     } else {
       T* ot = scratch_[tid].otmp.get(rows * dvp_);
-      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_, rscale);
+      gemm(rows, nJ_, dvp_, E, lde, Bv, dvp_, ot, dvp_, rscale, bscale);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(out.O + a.rows[r0 + r] * dv_, ot + r * dvp_, dv_ * sizeof(T));
     }
   }
@@ -322,7 +322,7 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
     st_ready_ = false;  // ST now holds E^T
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
-      emit(r0, r1, ST + r0, ldST_, rs + r0, nullptr, vrows_, tid, out, /*transposed=*/true);
+      emit(r0, r1, ST + r0, ldST_, rs + r0, nullptr, vrows_, nullptr, tid, out, /*transposed=*/true);
     });
     return;
   }
@@ -340,7 +340,7 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
       // E = exp(S' + g' - max_i) in place; plan * mult = E * mult * a / z_i.
       kt_.row_lse(r1 - r0, nJ_, t, ld, g, lse + r0, t, ld, z + r0);
       for (int64_t r = r0; r < r1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
-      emit(r0, r1, t, ld, rs + r0, nullptr, vrows_, tid, out);
+      emit(r0, r1, t, ld, rs + r0, nullptr, vrows_, nullptr, tid, out);
     }
     for (int64_t r = r0; r < r1; ++r) f[r] = log_a_ - lse[r];
   });
@@ -363,24 +363,23 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   if (final && ch_.store) {
     // Exact column maxima, then E = exp(S' + f' - max_j) in place with the
     // column sums; plan * mult = E * mult * b / sum_j. The column scales go
-    // into whichever is smaller: E's columns (nR x nJ entries) or V's rows
-    // (nJ x dv), in vectors. At n = 17, d = 64 scaling V was 3% of a call
-    // (docs/performance.md, "AVX2: `alpha` at d = 64, and the final column pass
-    // scales the smaller side").
+    // into whichever is smaller: E's columns (nR x nJ entries, in place) or
+    // V's rows (nJ x dv), which the output GEMM scales as it loads them. At
+    // n = 17, d = 64 scaling V was 3% of a call (docs/performance.md, "AVX2:
+    // `alpha` at d = 64, and the final column pass scales the smaller side");
+    // at d = 16 a scaled copy of V cost 4 us a call of 64 heads more than the
+    // scales in the GEMM (docs/performance.md, "AVX-512 again").
     T* S = S_.data();
     const int64_t W = kt_.width;
     const bool scale_e = has_v_ && nR_ * ((nJ_ + W - 1) / W) < nJ_ * (dvp_ / W);
-    T* vs = has_v_ && !scale_e ? vs_.get(nJ_ * dvp_) : nullptr;
-    const T* vp = vrows_;
     exp_down_columns(S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g, [&](int64_t c0, int64_t c1) {
       for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
       if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);
-      if (vs) kt_.scale_rows(c1 - c0, dvp_, vp + c0 * dvp_, dvp_, cs + c0, vs + c0 * dvp_, dvp_);
     });
     const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
-      emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, scale_e ? nullptr : cs, scale_e ? vrows_ : vs, tid, out);
+      emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, scale_e ? nullptr : cs, vrows_, scale_e ? nullptr : cs, tid, out);
     });
     return;
   }
@@ -398,7 +397,7 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     int64_t ld;
     T* t = tile(r0, r1, 0, nJ_, tid, &ld);
     kt_.plan(r1 - r0, nJ_, t, ld, radd + r0, g, t, ld);
-    emit(r0, r1, t, ld, nullptr, nullptr, vrows_, tid, out);
+    emit(r0, r1, t, ld, nullptr, nullptr, vrows_, nullptr, tid, out);
   });
 }
 

@@ -157,9 +157,10 @@ class Engine {
   // pointer and leading dimension; writable (final passes work in place).
   T* tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld);
   // O rows (and A entries) of chunk [r0, r1) from E = plan / (row and column scales).
-  // transposed: E is given as E^T (entry (r, j) at E[j * lde + r]).
-  void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv, int tid,
-            const HeadOut<T>& out, bool transposed = false);
+  // transposed: E is given as E^T (entry (r, j) at E[j * lde + r]). bscale:
+  // Bv's row j times bscale[j] as the output GEMM loads it (nullptr: none).
+  void emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* rscale, const T* cscale, const T* Bv,
+            const T* bscale, int tid, const HeadOut<T>& out, bool transposed = false);
 
   const KernelTable<T>& kt_;
   int64_t n_, d_, dv_, dvp_;
@@ -170,7 +171,7 @@ class Engine {
   bool has_v_ = false;
   const T* qa_ = nullptr;  // [nR, d]
   const T* ka_ = nullptr;  // [nJ, d]
-  Buf<T> qa_buf_, ka_buf_, kp_, vp_, vs_, S_;
+  Buf<T> qa_buf_, ka_buf_, kp_, vp_, S_;
   const T* vrows_ = nullptr;  // [nJ, dvp] value rows of the keys: the input itself or vp_
   Buf<T> lse_, z_, cmax_, csum_, rs_, cs_, radd_;
   // The stored tile transposed, [nJ][ldST_], built at the head's first

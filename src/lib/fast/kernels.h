@@ -39,18 +39,18 @@ struct KernelTable {
   // at a panel boundary; any M. Columns of C past roundup(N, width) are not
   // written (ldc must still hold roundup(N, nt_nr)).
   void (*gemm_nt)(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bp, T* C, int64_t ldc);
-  // C [M x Nv] = diag(rscale) A [M x N] (lda) * B [N x Nv] (ldb); Nv and ldb
-  // multiples of width, C overwritten, rscale [M] (nullptr: no scaling, else
-  // one rounded multiply per entry after the sum). Any M.
+  // C [M x Nv] = diag(rscale) A [M x N] (lda) * diag(bscale) B [N x Nv] (ldb);
+  // Nv and ldb multiples of width, C overwritten, rscale [M] (nullptr: no
+  // scaling, else one rounded multiply per entry after the sum), bscale [N]
+  // (nullptr: none, else B's row j times bscale[j], rounded, as it is
+  // loaded: the same bits as scaling B's rows first). Any M.
   void (*gemm_nn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-                  const T* rscale);
+                  const T* rscale, const T* bscale);
   // The same with A given transposed: A(i, j) = A[j * lda + i], i.e. A^T
   // [N x M] stored row-major (the exponentials of a row pass on the
   // transposed tile).
   void (*gemm_tn)(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-                  const T* rscale);
-  // dst [rows x cols] (ldd) = diag(scale) src (lds); dst may alias src.
-  void (*scale_rows)(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd);
+                  const T* rscale, const T* bscale);
   // M [rows x cols] (ld) = M diag(scale): column j times scale[j], in place;
   // nothing past column cols is read or written.
   void (*scale_cols)(int64_t rows, int64_t cols, T* M, int64_t ld, const T* scale);

@@ -496,7 +496,8 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* 
 // on the transposed tile, whose exponentials are E^T); the same sums in the
 // same order either way.
 template <class T, int MR, int NV, bool TA>
-inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
+inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs,
+                     const T* bs) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   V acc[MR][NV];
@@ -505,6 +506,8 @@ inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb
   for (int64_t j = 0; j < N; ++j) {
     V b[NV];
     for (int v = 0; v < NV; ++v) b[v] = load<V>(B + j * ldb + v * W);
+    if (bs)
+      for (int v = 0; v < NV; ++v) b[v] = b[v] * splat<V>(bs[j]);
     for (int r = 0; r < MR; ++r) {
       const V a = splat<V>(TA ? A[j * lda + r] : A[r * lda + j]);
       for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
@@ -519,82 +522,70 @@ inline void micro_nn(int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb
 
 template <class T, int MR, int NV, bool TA>
 struct NnRem {
-  static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-                  const T* rs) {
+  static void run(int rem, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs,
+                  const T* bs) {
     if (rem == MR)
-      micro_nn<T, MR, NV, TA>(N, A, lda, B, ldb, C, ldc, rs);
+      micro_nn<T, MR, NV, TA>(N, A, lda, B, ldb, C, ldc, rs, bs);
     else
-      NnRem<T, MR - 1, NV, TA>::run(rem, N, A, lda, B, ldb, C, ldc, rs);
+      NnRem<T, MR - 1, NV, TA>::run(rem, N, A, lda, B, ldb, C, ldc, rs, bs);
   }
 };
 template <class T, int NV, bool TA>
 struct NnRem<T, 0, NV, TA> {
-  static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
+  static void run(int, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*, const T*) {}
 };
 
 template <class T, int NV, bool TA>
-void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs) {
+void nn_cols(int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, const T* rs,
+             const T* bs) {
   constexpr int MR = ASAP_NN_MR;
   // Row i of A: A + i * lda, or A + i when A is given transposed.
   const int64_t row_step = TA ? 1 : lda;
   int64_t i = 0;
   for (; i + MR <= M; i += MR)
-    micro_nn<T, MR, NV, TA>(N, A + i * row_step, lda, B, ldb, C + i * ldc, ldc, rs ? rs + i : nullptr);
+    micro_nn<T, MR, NV, TA>(N, A + i * row_step, lda, B, ldb, C + i * ldc, ldc, rs ? rs + i : nullptr, bs);
   if (i < M)
     NnRem<T, MR - 1, NV, TA>::run(static_cast<int>(M - i), N, A + i * row_step, lda, B, ldb, C + i * ldc, ldc,
-                                  rs ? rs + i : nullptr);
+                                  rs ? rs + i : nullptr, bs);
 }
 
 template <class T, int NV, bool TA>
 struct NnVecRem {
   static void run(int nv, int64_t M, int64_t N, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-                  const T* rs) {
+                  const T* rs, const T* bs) {
     if (nv == NV)
-      nn_cols<T, NV, TA>(M, N, A, lda, B, ldb, C, ldc, rs);
+      nn_cols<T, NV, TA>(M, N, A, lda, B, ldb, C, ldc, rs, bs);
     else
-      NnVecRem<T, NV - 1, TA>::run(nv, M, N, A, lda, B, ldb, C, ldc, rs);
+      NnVecRem<T, NV - 1, TA>::run(nv, M, N, A, lda, B, ldb, C, ldc, rs, bs);
   }
 };
 template <class T, bool TA>
 struct NnVecRem<T, 0, TA> {
-  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*) {}
+  static void run(int, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, const T*, const T*) {}
 };
 
 template <class T, bool TA>
 void gemm_nn_or_tn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-                   int64_t ldc, const T* rscale) {
+                   int64_t ldc, const T* rscale, const T* bscale) {
   constexpr int W = Vec<T>::W, NV = ASAP_NN_NV;
   const int64_t nvec = Nv / W;
   int64_t v = 0;
-  for (; v + NV <= nvec; v += NV) nn_cols<T, NV, TA>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+  for (; v + NV <= nvec; v += NV) nn_cols<T, NV, TA>(M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale, bscale);
   if (v < nvec)
-    NnVecRem<T, NV - 1, TA>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale);
+    NnVecRem<T, NV - 1, TA>::run(static_cast<int>(nvec - v), M, N, A, lda, B + v * W, ldb, C + v * W, ldc, rscale,
+                                 bscale);
 }
 
 template <class T>
 void gemm_nn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-             const T* rscale) {
-  gemm_nn_or_tn<T, false>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale);
+             const T* rscale, const T* bscale) {
+  gemm_nn_or_tn<T, false>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale, bscale);
 }
 
 template <class T>
 void gemm_tn(int64_t M, int64_t N, int64_t Nv, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-             const T* rscale) {
-  gemm_nn_or_tn<T, true>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale);
-}
-
-template <class T>
-void scale_rows(int64_t rows, int64_t cols, const T* src, int64_t lds, const T* scale, T* dst, int64_t ldd) {
-  using V = typename Vec<T>::V;
-  constexpr int W = Vec<T>::W;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* s = src + r * lds;
-    T* d = dst + r * ldd;
-    const V sc = splat<V>(scale[r]);
-    int64_t c = 0;
-    for (; c + W <= cols; c += W) store(d + c, load<V>(s + c) * sc);
-    for (; c < cols; ++c) d[c] = s[c] * scale[r];
-  }
+             const T* rscale, const T* bscale) {
+  gemm_nn_or_tn<T, true>(M, N, Nv, A, lda, B, ldb, C, ldc, rscale, bscale);
 }
 
 template <class T>
@@ -1343,15 +1334,12 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{ASAP_ISA_NAME,     ASAP_NT_MR,       ASAP_NT_NV * Vec<T>::W,
-                                Vec<T>::W,         &pack_b<T>,       &gemm_nt<T>,
-                                &gemm_nn<T>,       &gemm_tn<T>,      &scale_rows<T>,
-                                &scale_cols<T>,    &row_lse<T>,      &transpose<T>,
-                                &col_lse_chunk<T>, &col_max<T>,      &col_exp<T>,
-                                &col_lse_tail<T>,  &col_max_tail<T>, &col_exp_tail<T>,
-                                &plan<T>,          &vexp<T>,         &add_log_t<T>,
-                                &lse_finish_t<T>,  &lse_start<T>,    &row_sqnorm<T>,
-                                &map_tail<T>,      &all_finite<T>,   &peak_fma<T>};
+  return detail::KernelTable<T>{
+      ASAP_ISA_NAME,  ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
+      &gemm_nn<T>,    &gemm_tn<T>,   &scale_cols<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
+      &col_max<T>,    &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
+      &vexp<T>,       &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
+      &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
