@@ -393,7 +393,8 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
             f.write("]}\\n'\n")
         os.chmod(bench, 0o755)
         env = dict(os.environ, BENCH=bench, OUT=os.path.join(d, "proto"))
-        r = subprocess.run([sh, "1", "17:16 9:8"], capture_output=True, text=True, env=env)
+        # d = 16: a multiple of the prototype's lane count with AVX2 (8) and AVX-512 (16)
+        r = subprocess.run([sh, "1", "17:16 9:16"], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         diffs = [float(x) for x in re.findall(r"max \|diff\| (\S+)\)", r.stdout)]
         assert len(diffs) == 2 and max(diffs) < 1e-5, r.stdout
@@ -406,12 +407,12 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
             assert float(f_us) == 10 + 2 * int(t) and float(l_us) > 0, rows
             assert abs(float(ratio) - float(f_us) / float(l_us)) < 0.01, rows
         assert r.stdout.count("lanes: F = ") == 2, r.stdout
-        proto = subprocess.run([os.path.join(d, "proto"), "9", "8", "16", "1", "1,2"], capture_output=True, text=True)
+        proto = subprocess.run([os.path.join(d, "proto"), "9", "16", "16", "1", "1,2"], capture_output=True, text=True)
         assert proto.returncode == 0, proto.stderr
         assert "its head's output all NaN yes, the other heads unchanged yes" in proto.stdout, proto.stdout
         for args, msg in ((["x"], "expected ROUNDS as a positive integer, found 'x'"),
                           (["1", "17:x"], "expected N:D, found '17:x'"),
-                          (["1", "17:12"], "expected D a multiple of 8")):
+                          (["1", "17:12"], "expected D a multiple of ")):
             r = subprocess.run([sh] + args, capture_output=True, text=True, env=env)
             assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
 
@@ -431,6 +432,30 @@ def fork_join_times_the_team_with_the_threads_asked_for():
     for args, msg in ((["0"], "expected THREADS as a positive integer, found '0'"),
                       (["2", "spin"], "expected WAIT_POLICY active or passive, found 'spin'")):
         r = subprocess.run([sh] + args, capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
+
+
+@test
+def pass_costs_times_both_row_paths_and_they_agree():
+    # tools/experiments/pass_costs.{sh,cpp}: a row of six positive times per
+    # path (transposed row passes on and off), the derived line, and the two
+    # paths' outputs equal to float32 rounding (n = 9 runs both: 9 rows are
+    # past kTransposedMinRows); bad arguments refused in one sentence.
+    import re
+    sh = os.path.join(TOOLS, "experiments", "pass_costs.sh")
+    env = dict(os.environ, ASAP_BUILD=os.environ.get("ASAP_BUILD_DIR") or os.path.join(REPO, "build"))
+    r = subprocess.run([sh, "9", "8", "1", "2"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^(transposed \(default\)|in place)\s+((?:\s*\S+){6})$", r.stdout, re.M)
+    assert [x[0] for x in rows] == ["transposed (default)", "in place"], r.stdout
+    assert all(float(t) > 0 for x in rows for t in x[1].split()), rows
+    assert re.search(r"^transposed: a row and a column pass \(r \+ c\) -?\d+\.\d us; ending on a column pass costs "
+                     r"-?\d+\.\d us more", r.stdout, re.M), r.stdout
+    diff = float(re.search(r"max relative difference (\S+)$", r.stdout, re.M).group(1))
+    assert diff < 1e-5, r.stdout
+    for args, msg in ((["0"], "expected N as a positive integer, found '0'"),
+                      (["9", "8", "x"], "expected ROUNDS as a positive integer, found 'x'")):
+        r = subprocess.run([sh] + args, capture_output=True, text=True, env=env)
         assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
 
 
