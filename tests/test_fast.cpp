@@ -529,9 +529,10 @@ TEST_CASE("fast: gemm_nt's lone last column (n = 17, 33, ...) is the micro tiles
 }
 
 // gemm_tn on A^T against gemm_nn on A: the same sums in the same order, so
-// the same bits, with and without row scales; gemm_nn with B's row scales
-// (bscale) against gemm_nn on B's rows scaled first, bit for bit (the final
-// column pass relies on it); and gemm_nn against float64.
+// the same bits, with and without row scales and B's row scales; gemm_nn with
+// B's row scales (bscale) against gemm_nn on B's rows scaled first, bit for
+// bit (the final column pass relies on it); and gemm_nn with and without
+// bscale against float64 sums computed here.
 template <class T>
 void check_gemm_tn(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int64_t N, int64_t Nv) {
   const int64_t lda = N + 3, ldat = M + 5, ldc = Nv + kt.width;
@@ -555,22 +556,35 @@ void check_gemm_tn(const asap::fast::detail::KernelTable<T>& kt, int64_t M, int6
     CHECK_MESSAGE(C3 == C4, "gemm_nn with B's row scales M=" << M << " N=" << N << " Nv=" << Nv
                                                              << ": not the product with B's rows scaled first");
     CHECK_MESSAGE(C3 != C1, "gemm_nn M=" << M << " N=" << N << " Nv=" << Nv << ": B's row scales had no effect");
+    // gemm_tn takes B's row scales the same way.
+    std::vector<T> C5(C1);
+    kt.gemm_tn(M, N, Nv, AT.data(), ldat, B.data(), Nv, C5.data(), ldc, scale, bs.data());
+    CHECK_MESSAGE(C5 == C3,
+                  "gemm_tn with B's row scales M=" << M << " N=" << N << " Nv=" << Nv << ": not gemm_nn with them");
     int differ = 0;
-    double worst = 0;
+    double worst = 0, worst_bs = 0;
     for (int64_t i = 0; i < M; ++i)
       for (int64_t c = 0; c < Nv; ++c) {
         differ += C1[i * ldc + c] != C2[i * ldc + c];
-        double ref = 0, mag = 0;
+        double ref = 0, mag = 0, ref_bs = 0, mag_bs = 0;
         for (int64_t j = 0; j < N; ++j) {
           const double t = static_cast<double>(A[i * lda + j]) * static_cast<double>(B[j * Nv + c]);
           ref += t;
           mag += std::abs(t);
+          ref_bs += t * static_cast<double>(bs[j]);
+          mag_bs += std::abs(t) * static_cast<double>(bs[j]);
         }
-        if (scale) ref *= static_cast<double>(rs[i]), mag *= static_cast<double>(rs[i]);
+        if (scale) {
+          const double r = static_cast<double>(rs[i]);
+          ref *= r, mag *= r, ref_bs *= r, mag_bs *= r;
+        }
         worst = std::max(worst, std::abs(static_cast<double>(C1[i * ldc + c]) - ref) / mag);
+        worst_bs = std::max(worst_bs, std::abs(static_cast<double>(C3[i * ldc + c]) - ref_bs) / mag_bs);
       }
     CHECK_MESSAGE(differ == 0, "gemm_tn M=" << M << " N=" << N << " Nv=" << Nv << ": " << differ << " entries differ");
     CHECK_MESSAGE(worst < 1e-5, "gemm_nn M=" << M << " N=" << N << " Nv=" << Nv << ": off by " << worst);
+    CHECK_MESSAGE(worst_bs < 1e-5,
+                  "gemm_nn with B's row scales M=" << M << " N=" << N << " Nv=" << Nv << ": off by " << worst_bs);
   }
 }
 

@@ -449,14 +449,23 @@ def pass_costs_times_both_row_paths_and_they_agree():
     rows = re.findall(r"^(transposed \(default\)|in place)\s+((?:\s*\S+){6})$", r.stdout, re.M)
     assert [x[0] for x in rows] == ["transposed (default)", "in place"], r.stdout
     assert all(float(t) > 0 for x in rows for t in x[1].split()), rows
-    assert re.search(r"^transposed: a row and a column pass \(r \+ c\) -?\d+\.\d us; ending on a column pass costs "
-                     r"-?\d+\.\d us more", r.stdout, re.M), r.stdout
+    # the derived line, recomputed here from the printed times of the default path
+    m = re.search(r"^transposed: a row and a column pass \(r \+ c\) (-?\d+\.\d) us; ending on a column pass costs "
+                  r"(-?\d+\.\d) us more", r.stdout, re.M)
+    assert m, r.stdout
+    b = [None] + [float(t) for t in rows[0][1].split()]
+    pair = ((b[3] - b[1]) + (b[5] - b[3]) + (b[4] - b[2]) + (b[6] - b[4])) / 4
+    end = ((b[2] - b[1]) - (b[3] - b[2])) / 2
+    assert abs(float(m.group(1)) - pair) < 0.15 and abs(float(m.group(2)) - end) < 0.15, (m.groups(), pair, end)
     diff = float(re.search(r"max relative difference (\S+)$", r.stdout, re.M).group(1))
     assert diff < 1e-5, r.stdout
     for args, msg in ((["0"], "expected N as a positive integer, found '0'"),
                       (["9", "8", "x"], "expected ROUNDS as a positive integer, found 'x'")):
         r = subprocess.run([sh] + args, capture_output=True, text=True, env=env)
         assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sh], capture_output=True, text=True, env=dict(env, ASAP_BUILD=d))
+        assert r.returncode == 2 and "expected libasap.so in '%s'" % d in r.stderr, (r.returncode, r.stderr)
 
 
 @test

@@ -367,8 +367,9 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     // V's rows (nJ x dv), which the output GEMM scales as it loads them. At
     // n = 17, d = 64 scaling V was 3% of a call (docs/performance.md, "AVX2:
     // `alpha` at d = 64, and the final column pass scales the smaller side");
-    // at d = 16 a scaled copy of V cost 4 us a call of 64 heads more than the
-    // scales in the GEMM (docs/performance.md, "AVX-512 again").
+    // at n = 17, d = 16 a scaled copy of V made the operators that end here
+    // 3-12% slower than the scales in the GEMM (docs/performance.md, "AVX-512
+    // again").
     T* S = S_.data();
     const int64_t W = kt_.width;
     const bool scale_e = has_v_ && nR_ * ((nJ_ + W - 1) / W) < nJ_ * (dvp_ / W);
