@@ -116,7 +116,7 @@ constexpr T neg_inf() {
 // polynomial for exp(r) and 2^n assembled in the exponent bits via the
 // "1.5 * 2^p" rounding trick (no float->int conversion, so it vectorises on
 // every instruction set). Inputs are clamped to the normal range: -inf gives
-// the smallest normal number, which callers only ever multiply by 0 or add
+// about the smallest normal number, which callers only ever multiply by 0 or add
 // next to a term equal to 1. Float: a degree-5 polynomial in Horner form,
 // fitted for relative error on |r| <= ln2/2 (iteratively reweighted least
 // squares towards the minimax fit, exp(0) = 1 kept exact): 1.6e-7 relative
@@ -124,10 +124,19 @@ constexpr T neg_inf() {
 // (1 + r + r^2 p(r), p of degree 5), whose three more operations per vector
 // were 15-20% of a log-sum-exp pass (docs/performance.md, "A shorter
 // exponential"). Double: Taylor to degree 13, ~1 ulp on |r| <= ln2/2.
+//
+// The float clamp is -87.3365, not -126 ln 2 = -87.33654475: there the
+// reduced argument rounds to r = -3.1e-6, p(r) < 1, and every clamped input
+// (-inf, and every plan entry far below its maximum) gave 1.1754907e-38,
+// a subnormal just under FLT_MIN. Each of them cost a microcode assist in
+// the sums and products it entered: the teacher T = 6 ran 11% and the
+// 4-pass operators 4% slower at n = 17 (docs/performance.md, "Subnormal
+// exponentials"). From -87.3365, r >= 0 and the result is at least FLT_MIN
+// (tests/test_fast.cpp checks every input from -inf up).
 template <class V, class U>
 inline V exp_f32(V x) {
   x = vmin(x, V{} + 88.3762626647949f);
-  x = vmax(x, V{} + -87.33654475f);
+  x = vmax(x, V{} + -87.3365f);
   const V shifter = V{} + 12582912.0f;  // 1.5 * 2^23
   const V t = x * 1.44269504088896341f + shifter;
   const V n = t - shifter;
@@ -779,13 +788,14 @@ void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_
 
 // The last rem < W columns of a column kernel as one vector (kernels.h:
 // rows are readable up to roundup(nc, W)): lanes past rem are loaded as 0,
-// take exp(0) (an exponential near the clamp returns a subnormal, which
-// costs a microcode assist per lane), and are never stored. From three
+// take exp(0) (an exponential near the clamp returned a subnormal before
+// the clamp moved, exp_f32 above), and are never stored. From three
 // columns on: with fewer keys than a vector (the padded text teacher's
 // sequences are mostly under 16 tokens) every column ran the scalar loop.
 // One or two columns stay scalar (asap_bench, AVX-512: a vector tail for the
 // one column of n = 17 made the passes 15% slower, for the two of n = 50
-// it gained nothing).
+// it gained nothing; with the clamp moved, still 6-9% slower at n = 17 by
+// build_ab.sh).
 
 template <class T>
 struct Tail {
