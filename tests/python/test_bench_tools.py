@@ -469,6 +469,36 @@ def pass_costs_times_both_row_paths_and_they_agree():
 
 
 @test
+def ftz_ab_times_both_modes_and_refuses_bad_input():
+    # tools/experiments/ftz_ab.{sh,cpp}: one row per operator with positive times in
+    # both modes (the tool exits 1 when a thread of the team does not read the MXCSR
+    # bits back), their ratio as printed, equal outputs (no subnormal reaches an
+    # output); bad arguments and a build without libasap refused in one sentence.
+    import re
+    import platform
+    if platform.machine() != "x86_64":
+        return
+    sh = os.path.join(TOOLS, "experiments", "ftz_ab.sh")
+    env = dict(os.environ, ASAP_BUILD=os.environ.get("ASAP_BUILD_DIR") or os.path.join(REPO, "build"))
+    r = subprocess.run([sh, "9", "8", "2", "1", "3", "6"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^(teacher T = 6|Sinkhorn T' = 4)\s+(\S+)\s+(\S+)\s+(\S+)$", r.stdout, re.M)
+    assert [x[0] for x in rows] == ["teacher T = 6", "Sinkhorn T' = 4"], r.stdout
+    for _, a, b, ratio in rows:
+        assert float(a) > 0 and float(b) > 0, rows
+        assert abs(float(ratio) - float(b) / float(a)) < 0.01, rows
+    diff = float(re.search(r"max absolute difference (\S+)$", r.stdout, re.M).group(1))
+    assert diff == 0, r.stdout
+    for args, msg in ((["0"], "expected N as a positive integer, found '0'"),
+                      (["9", "8", "2", "1", "3", "-1"], "expected QK_SCALE as a positive number, found '-1'")):
+        r = subprocess.run([sh] + args, capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sh], capture_output=True, text=True, env=dict(env, ASAP_BUILD=d))
+        assert r.returncode == 2 and "expected libasap.so in '%s'" % d in r.stderr, (r.returncode, r.stderr)
+
+
+@test
 def thread_switch_times_both_modes_and_refuses_another():
     # tools/experiments/thread_switch.{sh,cpp}: one line per mode asked for, ending on
     # LibTorch's thread count after the switches (2); a mode other than 0 or 1 is
