@@ -472,8 +472,10 @@ def pass_costs_times_both_row_paths_and_they_agree():
 def ftz_ab_times_both_modes_and_refuses_bad_input():
     # tools/experiments/ftz_ab.{sh,cpp}: one row per operator with positive times in
     # both modes (the tool exits 1 when a thread of the team does not read the MXCSR
-    # bits back), their ratio as printed, equal outputs (no subnormal reaches an
-    # output); bad arguments and a build without libasap refused in one sentence.
+    # bits back), their ratio as printed, and equal outputs: both modes time the same
+    # operator on the same inputs (the bits only touch subnormals, and none reaches
+    # an output of these calls); bad arguments and a build without libasap refused
+    # in one sentence.
     import re
     import platform
     if platform.machine() != "x86_64":

@@ -24,20 +24,13 @@
 #include <cstdlib>
 #include <functional>
 
+#include "args.h"
 #include "fast/fast.h"
 
 namespace {
 constexpr unsigned kFtzDaz = 0x8040u;
 
-long positive(const char* s, const char* what) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (!*s || *end || v < 1) {
-    std::fprintf(stderr, "ftz_ab: expected %s as a positive integer, found '%s'\n", what, s);
-    std::exit(2);
-  }
-  return v;
-}
+long positive(const char* s, const char* what) { return positive_arg("ftz_ab", s, what); }
 
 // Sets (or clears) the two bits on the calling thread and on every thread of
 // the team, then checks that each thread reads them back: at::parallel_for

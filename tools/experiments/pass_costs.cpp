@@ -24,18 +24,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "args.h"
 #include "fast/fast.h"
 
 namespace {
-long positive(const char* s, const char* what) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (!*s || *end || v < 1) {
-    std::fprintf(stderr, "pass_costs: expected %s as a positive integer, found '%s'\n", what, s);
-    std::exit(2);
-  }
-  return v;
-}
+long positive(const char* s, const char* what) { return positive_arg("pass_costs", s, what); }
 }  // namespace
 
 int main(int argc, char** argv) {
