@@ -20,6 +20,7 @@
 #include "asap/operator.h"
 #include "asap/runtime.h"
 #include "fast/common.h"
+#include "fast/engine.h"
 #include "fast/fast.h"
 #include "fast/sort.h"
 #include "test_util.h"
@@ -1094,7 +1095,7 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
   auto L = make_layer(1, d, fam, false, false, 6, 1.0, true);
   asap::fast::Tuning within;
   within.strategy = asap::fast::Strategy::kWithinHead;
-  for (int64_t n : {200, 300}) {  // a per-thread cached engine (n <= 256) and a fresh one
+  for (int64_t n : {200, 300}) {  // both lengths on the within-head path, as asked
     CAPTURE(n);
     auto q = at::randn({1, 1, n, d}), k = at::randn({1, 1, n, d}), v = at::randn({1, 1, n, d});
     auto ref = asap::run_layer_reference(L, q, k, v, at::Tensor(), {});
@@ -1103,7 +1104,7 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
     // Built for 2 threads, then called with 3: each thread keeps its own scratch.
     for (int threads : {2, 3, 1, 3}) {
       Threads th(threads);
-      CHECK_REL(asap::fast::asap_layer(L, q, k, v, at::Tensor()).out, ref.out, 1e-5);
+      CHECK_REL(asap::fast::asap_layer(L, q, k, v, at::Tensor(), {}, within).out, ref.out, 1e-5);
       CHECK_REL(asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O, tref.O, 1e-5);
     }
     // Three callers at once, each with a 2-thread team on the within-head path.
@@ -1114,7 +1115,7 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
       callers.emplace_back([&, t] {
         at::set_num_threads(2);
         for (int r = 0; r < 2; ++r) {
-          outs[2 * t + r] = asap::fast::asap_layer(L, q, k, v, at::Tensor()).out;
+          outs[2 * t + r] = asap::fast::asap_layer(L, q, k, v, at::Tensor(), {}, within).out;
           touts[2 * t + r] = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, c, false, within).O;
         }
       });
@@ -1124,6 +1125,43 @@ TEST_CASE("fast: concurrent callers on the within-head path, and a team raised b
       CHECK_REL(touts[i], tref.O, 1e-5);
     }
   }
+}
+
+TEST_CASE("fast: fewer heads than threads run over heads below n = 256") {
+  // One head's passes split over threads cost a fork/join per pass: 2-5x the
+  // one-thread time at n = 17-128 (docs/performance.md, "Fewer heads than
+  // threads"). So short heads stay whole whatever the head count.
+  using asap::fast::detail::choose;
+  const asap::fast::Tuning tuning;
+  const int64_t panel = 32, bytes = 4;
+  Threads th(2);
+  for (int64_t n : {1, 17, 64, 255}) {
+    CAPTURE(n);
+    const auto c = choose(1, n, bytes, panel, tuning);
+    CHECK(c.head_parallel);
+    CHECK(c.threads == 1);
+  }
+  // From n = 256 a lone head, or a head count that does not divide among the
+  // threads (and is under four per thread), splits its passes.
+  for (int64_t heads : {1, 3}) {
+    CAPTURE(heads);
+    const auto c = choose(heads, 256, bytes, panel, tuning);
+    CHECK_FALSE(c.head_parallel);
+    CHECK(c.threads == 2);
+  }
+  CHECK(choose(4, 300, bytes, panel, tuning).head_parallel);
+  CHECK(choose(9, 300, bytes, panel, tuning).head_parallel);
+  // The strategy knob still overrides the rule.
+  asap::fast::Tuning within;
+  within.strategy = asap::fast::Strategy::kWithinHead;
+  CHECK_FALSE(choose(1, 17, bytes, panel, within).head_parallel);
+  // And the fused call gives the one-thread bits on the team.
+  at::manual_seed(31);
+  auto q = at::randn({1, 1, 17, 16}), k = at::randn({1, 1, 17, 16}), v = at::randn({1, 1, 17, 16});
+  asap::Convention conv;
+  const auto two = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, conv, false).O;
+  Threads one(1);
+  CHECK(at::equal(two, asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, conv, false).O));
 }
 
 TEST_CASE("fast: closure_errors equals the attention error of the reference closures") {

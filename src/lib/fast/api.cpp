@@ -109,13 +109,20 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
            const std::function<void(int64_t, int64_t)>& per_range = {}) {
   const bool cache = n <= kCachedEngineMaxN;
   if (ch.head_parallel) {
-    at::parallel_for(0, BH, 1, [&](int64_t b, int64_t e) {
+    const auto run = [&](int64_t b, int64_t e) {
       std::unique_ptr<Engine<T>> own;
       if (!cache) own = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
       Engine<T>& eng = cache ? thread_engine(kt, n, d, dv, ch) : *own;
       if (per_range) per_range(b, e);
       for (int64_t bh = b; bh < e; ++bh) per_head(eng, bh);
-    });
+    };
+    // One head on the calling thread: LibTorch's parallel_for starts the
+    // whole team even for one item (about 3 us at n = 17 on the 2-core VM of
+    // docs/performance.md, "Fewer heads than threads").
+    if (BH == 1)
+      run(0, 1);
+    else
+      at::parallel_for(0, BH, 1, run);
   } else {
     Engine<T> eng(kt, n, d, dv, ch);
     if (per_range) per_range(0, BH);

@@ -63,7 +63,14 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
     budget = (env && *env) ? static_cast<int64_t>(std::atof(env) * 1048576.0) : (int64_t(256) << 20);
   }
   const int64_t tile_bytes = n * round_up(n, panel) * elem_bytes;
-  bool hp = threads == 1 || (heads >= threads && (heads % threads == 0 || heads >= 4 * threads || n * n < 65536));
+  // Short sequences run heads over threads even when there are fewer heads
+  // than threads (the other threads idle): splitting one head's passes pays a
+  // fork/join per pass, and below n = 256 that cost more than the split
+  // saved. One head on 2 threads took 2-5x the time of one thread at
+  // n = 17-128 and 1.2x at n = 256, d = 16 (asap_bench --bh 1x1 --threads 1
+  // and 2, docs/performance.md, "Fewer heads than threads").
+  bool hp = threads == 1 || n * n < kWithinHeadMinScores ||
+            (heads >= threads && (heads % threads == 0 || heads >= 4 * threads));
   if (tuning.strategy == Strategy::kHeadParallel) hp = true;
   if (tuning.strategy == Strategy::kWithinHead) hp = false;
   bool store;

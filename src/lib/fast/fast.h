@@ -13,7 +13,7 @@
 //
 // How it works (docs/performance.md): parallel over (batch, head) with
 // per-thread workspaces, or over rows/columns of one head when there are
-// fewer heads than threads; per head the score tile S = (scale/eps) Q K^T is
+// fewer heads than threads and n >= 256; per head the score tile S = (scale/eps) Q K^T is
 // computed once by a small packed GEMM and kept while it fits the workspace
 // budget (otherwise recomputed tile by tile); every closure is one pass with
 // a vectorised exponential, the last closure is fused with plan * V, and no
@@ -32,7 +32,7 @@ namespace asap {
 namespace fast {
 
 enum class Strategy {
-  kAuto,          // heads in parallel when there are enough of them, else rows/columns
+  kAuto,          // heads in parallel for n < 256 or enough heads, else rows/columns
   kHeadParallel,  // one (b, h) per thread at a time, per-thread workspace
   kWithinHead,    // heads one after another, each pass parallel over rows/columns
 };
@@ -58,6 +58,11 @@ struct Tuning {
 // (asap_bench through run_layer, docs/performance.md: 0.90x the time at
 // n = 5, 0.53-0.86x at n = 6-14; n = 4 even, n = 3 1.1x slower).
 constexpr int64_t kTransposedMinRows = 5;
+
+// Below this many scores per head (n * n, n = 256) heads run over threads
+// whatever their count; from it, fewer heads than threads (or a count that
+// does not divide among them) split each head's passes over the threads.
+constexpr int64_t kWithinHeadMinScores = 65536;
 
 // Instruction sets compiled in and supported by this CPU, best last.
 std::vector<std::string> available_isas();
