@@ -82,4 +82,18 @@ TEST_CASE("teacher: refuses T < 1 and a mask of the wrong shape") {
                        doctest::Contains("Sinkhorn budget T must be at least 1, found 0"), asap::Error);
   CHECK_THROWS_WITH_AS(asap::run_teacher(q, q, at::Tensor(), at::ones({1, 5}, at::kBool), 1.0, 2, {}),
                        doctest::Contains("key-padding mask: expected shape [1, 4], found [1, 5]"), asap::Error);
+  // A sequence without a token, in a bool mask and in a 0/1 float one, on the
+  // fused path (float32 on the CPU) and the reference path.
+  auto q2 = at::randn({2, 1, 4, 2});
+  auto none_second = at::ones({2, 4}, at::kBool);
+  none_second[1].fill_(false);
+  for (const auto& m : {none_second, none_second.to(at::kFloat)}) {
+    CAPTURE(m.scalar_type());
+    CHECK_THROWS_WITH_AS(asap::run_teacher(q2, q2, at::Tensor(), m, 1.0, 2, {}),
+                         doctest::Contains("key-padding mask: every sequence needs at least one token"), asap::Error);
+    CHECK_THROWS_WITH_AS(asap::run_teacher_reference(q2, q2, at::Tensor(), m, 1.0, 2, {}, false),
+                         doctest::Contains("key-padding mask: every sequence needs at least one token"), asap::Error);
+  }
+  none_second[1][3] = true;  // one token is enough
+  CHECK(asap::run_teacher(q2, q2, q2, none_second, 1.0, 2, {}).O.isfinite().all().item<bool>());
 }

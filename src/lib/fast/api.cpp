@@ -59,14 +59,26 @@ void require_handled(const char* fn, const at::Tensor& q, const at::Tensor& k, c
                         where(q), ", k ", where(k), ", v ", where(v), ", key_mask ", where(mask)));
 }
 
+// t as a contiguous tensor of type st: t itself when it is one already
+// (Tensor::to goes through the dispatcher even when it has nothing to do).
+at::Tensor typed_contiguous(const at::Tensor& t, at::ScalarType st) {
+  return t.scalar_type() == st ? t.contiguous() : t.to(st).contiguous();
+}
+
 // The key mask as a contiguous bool [B, n] (undefined = none), with the
 // reference path's checks and messages.
 at::Tensor checked_mask(const at::Tensor& key_mask, int64_t B, int64_t n) {
   if (!key_mask.defined()) return at::Tensor();
   ASAP_CHECK(key_mask.dim() == 2 && key_mask.size(0) == B && key_mask.size(1) == n,
              "key-padding mask: expected shape [", B, ", ", n, "], found ", key_mask.sizes());
-  auto m = key_mask.to(at::kCPU, at::kBool).contiguous();
-  ASAP_CHECK(m.any(-1).all().item<bool>(), "key-padding mask: every sequence needs at least one token");
+  auto m = key_mask.device().is_cpu() ? typed_contiguous(key_mask, at::kBool)
+                                      : key_mask.to(at::kCPU, at::kBool).contiguous();
+  // Row by row here: any(-1).all().item() was three dispatched operators and
+  // two tensors on every masked call.
+  const bool* p = m.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    ASAP_CHECK(std::any_of(p + b * n, p + (b + 1) * n, [](bool x) { return x; }),
+               "key-padding mask: every sequence needs at least one token");
   return m;
 }
 
@@ -499,7 +511,7 @@ at::Tensor closure_errors(const at::Tensor& q, const at::Tensor& k, const at::Te
              "closure_errors: phi_hat must be [C, ", B, ", ", H, ", ", n, "], found ", phi_hat.sizes());
   auto mask = checked_mask(key_mask, B, n);
   auto qc = q.contiguous();
-  auto kk = k.to(q.scalar_type()).contiguous();
+  auto kk = typed_contiguous(k, q.scalar_type());
   auto pc = phi_hat.to(at::kCPU, q.scalar_type()).contiguous();
   if (pc.size(0) == 0)
     return at::zeros({0, k_max, B, H}, at::kDouble);  // no candidates (empty batches are refused above)
@@ -522,8 +534,8 @@ TeacherResult teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                ", ", n, ", dv], found ", v.sizes());
   auto mask = checked_mask(key_mask, B, n);
   auto qc = q.contiguous();
-  auto kc = k.to(q.scalar_type()).contiguous();
-  auto vc = v.defined() ? v.to(q.scalar_type()).contiguous() : at::Tensor();
+  auto kc = typed_contiguous(k, q.scalar_type());
+  auto vc = v.defined() ? typed_contiguous(v, q.scalar_type()) : at::Tensor();
   if (q.scalar_type() == at::kFloat)
     return teacher_impl<float>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals, nonfinite_heads);
   return teacher_impl<double>(qc, kc, vc, mask, scale, T, c, want_attention, tuning, want_duals, nonfinite_heads);
@@ -553,8 +565,8 @@ LayerOutput asap_layer(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const int64_t B = q.size(0), n = q.size(2);
   auto mask = checked_mask(key_mask, B, n);
   auto qc = q.contiguous();
-  auto kc = k.to(q.scalar_type()).contiguous();
-  auto vc = v.to(q.scalar_type()).contiguous();
+  auto kc = typed_contiguous(k, q.scalar_type());
+  auto vc = typed_contiguous(v, q.scalar_type());
   if (q.scalar_type() == at::kFloat)
     return layer_impl<float>(L, qc, kc, vc, mask, k_closures, opt, tuning, nonfinite_heads);
   return layer_impl<double>(L, qc, kc, vc, mask, k_closures, opt, tuning, nonfinite_heads);
@@ -575,7 +587,7 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   auto mask = checked_mask(key_mask, q.size(0), q.size(2));
   auto qc = q.contiguous();
-  auto kc = k.to(q.scalar_type()).contiguous();
+  auto kc = typed_contiguous(k, q.scalar_type());
   if (q.scalar_type() == at::kFloat)
     return features_impl<float>(qc, kc, mask, drop_padded_queries, theta, family, scale, eps, tuning);
   return features_impl<double>(qc, kc, mask, drop_padded_queries, theta, family, scale, eps, tuning);
