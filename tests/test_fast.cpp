@@ -1155,13 +1155,30 @@ TEST_CASE("fast: fewer heads than threads run over heads below n = 256") {
   asap::fast::Tuning within;
   within.strategy = asap::fast::Strategy::kWithinHead;
   CHECK_FALSE(choose(1, 17, bytes, panel, within).head_parallel);
-  // And the fused call gives the one-thread bits on the team.
-  at::manual_seed(31);
-  auto q = at::randn({1, 1, 17, 16}), k = at::randn({1, 1, 17, 16}), v = at::randn({1, 1, 17, 16});
+}
+
+TEST_CASE("fast: inputs of another type than q are converted to q's") {
+  // The fused path uses k, v and the mask as they are when their type is
+  // right and converts them otherwise: float64 k and v and a 0/1 float mask
+  // with float32 q give what all-float32 inputs give (converted here with
+  // Tensor::to), for the teacher, the Sinkhorn layer through run_layer and
+  // the compiled map.
+  at::manual_seed(41);
+  const int64_t B = 2, H = 2, n = 17, d = 16;
+  auto q = at::randn({B, H, n, d}), k = at::randn({B, H, n, d}, at::kDouble), v = at::randn({B, H, n, d}, at::kDouble);
+  auto mask = at::ones({B, n});
+  mask[1].narrow(0, 9, 8).fill_(0.0);
+  const auto k32 = k.to(at::kFloat), v32 = v.to(at::kFloat), m8 = mask.to(at::kBool);
   asap::Convention conv;
-  const auto two = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, conv, false).O;
-  Threads one(1);
-  CHECK(at::equal(two, asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, conv, false).O));
+  CHECK(at::equal(asap::fast::teacher(q, k, v, mask, 0.25, 6, conv, false).O,
+                  asap::fast::teacher(q, k32, v32, m8, 0.25, 6, conv, false).O));
+  asap::FeatureFamily fam;
+  fam.alpha = true, fam.softmax_dual = true;
+  auto L = make_layer(H, d, fam, true, false, 6, 1.0, true);
+  CHECK(at::equal(asap::fast::asap_layer(L, q, k, v, mask).out, asap::fast::asap_layer(L, q, k32, v32, m8).out));
+  L.kind = asap::OperatorKind::kSinkhorn;
+  L.sinkhorn_steps = 4;
+  CHECK(at::equal(asap::run_layer(L, q, k, v, mask).out, asap::run_layer(L, q, k32, v32, m8).out));
 }
 
 TEST_CASE("fast: closure_errors equals the attention error of the reference closures") {

@@ -65,8 +65,7 @@ LayerOutput run_layer_fast(const CompiledLayer& L, const at::Tensor& q, const at
   } else {
     detail::check_layer_inputs(L, q, k, v);
     const int steps = detail::loop_kind_steps(L, opt);
-    const at::Tensor vq = v.scalar_type() == q.scalar_type() ? v : v.to(q.scalar_type());
-    auto t = fast::teacher(q, k, vq, key_mask, L.spec.score_scale, steps, convention_of(L.spec), opt.return_attention,
+    auto t = fast::teacher(q, k, v, key_mask, L.spec.score_scale, steps, convention_of(L.spec), opt.return_attention,
                            {}, /*want_duals=*/false, &flags);
     r.out = t.O;
     r.attention = t.A;
