@@ -1334,3 +1334,119 @@ TEST_CASE("fast: ESP hard-sort attention matches a direct implementation") {
     }
   }
 }
+
+TEST_CASE("fast: a layer output is handed out again only when nothing else holds it") {
+  // The fused calls keep the thread's last output O and return it again once
+  // the caller has released it. A tensor the caller still holds, a view that
+  // outlives it, a weak reference, or marks the caller put on it (autograd,
+  // inference mode) keep it from being reused; rows a later call does not
+  // write are zeros again.
+  at::manual_seed(43);
+  const int64_t B = 1, H = 2, n = 17, d = 16;
+  auto q1 = at::randn({B, H, n, d}), k1 = at::randn({B, H, n, d}), v1 = at::randn({B, H, n, d});
+  auto q2 = at::randn({B, H, n, d}), k2 = at::randn({B, H, n, d}), v2 = at::randn({B, H, n, d});
+  asap::Convention conv;
+  auto run = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 6, conv, false).O;
+  };
+  const auto want1 = run(q1, k1, v1).clone(), want2 = run(q2, k2, v2).clone();
+  REQUIRE(!at::equal(want1, want2));
+  SUBCASE("held: a new tensor, the held one unchanged") {
+    auto a = run(q1, k1, v1);
+    auto b = run(q2, k2, v2);
+    CHECK(a.data_ptr() != b.data_ptr());
+    CHECK(at::equal(a, want1));
+    CHECK(at::equal(b, want2));
+  }
+  SUBCASE("released: the same storage, with the new call's values") {
+    void* p = nullptr;
+    {
+      auto a = run(q1, k1, v1);
+      p = a.data_ptr();
+    }
+    auto b = run(q2, k2, v2);
+    CHECK(b.data_ptr() == p);
+    CHECK(at::equal(b, want2));
+  }
+  SUBCASE("a view outlives its tensor") {
+    // In inference mode a view holds the storage only, not its base tensor.
+    c10::InferenceMode guard;
+    at::Tensor view = run(q1, k1, v1).select(1, 0);
+    auto b = run(q2, k2, v2);
+    CHECK(at::equal(view, want1.select(1, 0)));
+    CHECK(at::equal(b, want2));
+  }
+  SUBCASE("a weak reference") {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> weak(run(q1, k1, v1).getIntrusivePtr());
+    auto b = run(q2, k2, v2);
+    // The kept tensor is released when nothing but the weak reference holds
+    // it; it must never show another call's values.
+    auto strong = weak.lock();
+    if (strong) CHECK(at::equal(at::Tensor(std::move(strong)), want1));
+    CHECK(at::equal(b, want2));
+  }
+  SUBCASE("marks the caller put on it") {
+    run(q1, k1, v1).requires_grad_(true);
+    auto b = run(q2, k2, v2);
+    CHECK(!b.requires_grad());
+    {
+      c10::InferenceMode guard;
+      CHECK(run(q1, k1, v1).is_inference());
+    }
+    auto c = run(q2, k2, v2);
+    CHECK(!c.is_inference());
+    CHECK(at::equal(c, want2));
+  }
+  SUBCASE("rows a call does not write are zeros") {
+    asap::Convention drop;
+    drop.drop_padded_queries = true;
+    auto mask = at::ones({B, n}, at::kBool);
+    mask[0].narrow(0, 10, 7).fill_(false);
+    const auto want = asap::fast::teacher(q2, k2, v2, mask, 0.25, 6, drop, false).O.clone();
+    REQUIRE(want.narrow(2, 10, 7).abs().max().item<float>() == 0.0f);
+    void* p = nullptr;
+    {
+      auto a = run(q1, k1, v1);  // every row written, then released
+      p = a.data_ptr();
+    }
+    auto b = asap::fast::teacher(q2, k2, v2, mask, 0.25, 6, drop, false).O;
+    CHECK(b.data_ptr() == p);
+    CHECK(at::equal(b, want));
+  }
+  SUBCASE("the compiled map and run_layer") {
+    asap::FeatureFamily fam;
+    fam.alpha = true, fam.softmax_dual = true;
+    auto L = make_layer(H, d, fam, true, false, 6, 1.0, false);
+    const auto m1 = asap::fast::asap_layer(L, q1, k1, v1, at::Tensor()).out.clone();
+    const auto m2 = asap::fast::asap_layer(L, q2, k2, v2, at::Tensor()).out.clone();
+    auto a = asap::fast::asap_layer(L, q1, k1, v1, at::Tensor()).out;
+    auto b = asap::run_layer(L, q2, k2, v2, at::Tensor()).out;
+    CHECK(a.data_ptr() != b.data_ptr());
+    CHECK(at::equal(a, m1));
+    CHECK(at::equal(b, m2));
+  }
+}
+
+TEST_CASE("fast: a thread's token sets follow each call's mask and length") {
+  // The sets of active rows and keys are the calling thread's, rebuilt in
+  // place per call (kept without a mask while n stays the same): calls that
+  // alternate masks, batch sizes and lengths on one thread give what the
+  // reference path gives.
+  at::manual_seed(44);
+  asap::Convention conv;
+  conv.drop_padded_queries = true;
+  int seed = 100;
+  for (int64_t n : {17, 9, 17, 33}) {
+    for (int64_t B : {3, 1}) {
+      for (bool masked : {true, false, true}) {
+        const int64_t H = 2, d = 8;
+        auto q = at::randn({B, H, n, d}, at::kDouble), k = at::randn({B, H, n, d}, at::kDouble),
+             v = at::randn({B, H, n, d}, at::kDouble);
+        auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();
+        auto fast = asap::fast::teacher(q, k, v, mask, 0.3, 5, conv, false).O;
+        auto ref = asap::run_teacher_reference(q, k, v, mask, 0.3, 5, conv, false).O;
+        CHECK(at::allclose(fast, ref, 1e-9, 1e-10));
+      }
+    }
+  }
+}

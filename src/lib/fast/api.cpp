@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
+#include <cstring>
 #include <limits>
 #include <memory>
 
@@ -113,19 +113,25 @@ Engine<T>& thread_engine(const detail::KernelTable<T>& kt, int64_t n, int64_t d,
   return *s.eng;
 }
 
-// per_range(b, e), when given, runs before the heads b..e-1 on the thread
-// that runs them (a range's work done once, e.g. alpha for all its rows).
-template <class T>
+// Runs before no heads (drive() without a per-range step).
+struct NoRange {
+  void operator()(int64_t, int64_t) const {}
+};
+
+// per_range(b, e) runs before the heads b..e-1 on the thread that runs them
+// (a range's work done once, e.g. alpha for all its rows). Both steps are
+// template parameters: as std::function objects their captures were a heap
+// allocation each per call.
+template <class T, class PerHead, class PerRange = NoRange>
 void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64_t n, int64_t d, int64_t dv,
-           const std::function<void(Engine<T>&, int64_t)>& per_head,
-           const std::function<void(int64_t, int64_t)>& per_range = {}) {
+           const PerHead& per_head, const PerRange& per_range = {}) {
   const bool cache = n <= kCachedEngineMaxN;
   if (ch.head_parallel) {
     const auto run = [&](int64_t b, int64_t e) {
       std::unique_ptr<Engine<T>> own;
       if (!cache) own = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
       Engine<T>& eng = cache ? thread_engine(kt, n, d, dv, ch) : *own;
-      if (per_range) per_range(b, e);
+      per_range(b, e);
       for (int64_t bh = b; bh < e; ++bh) per_head(eng, bh);
     };
     // One head on the calling thread: LibTorch's parallel_for starts the
@@ -137,7 +143,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
       at::parallel_for(0, BH, 1, run);
   } else {
     Engine<T> eng(kt, n, d, dv, ch);
-    if (per_range) per_range(0, BH);
+    per_range(0, BH);
     for (int64_t bh = 0; bh < BH; ++bh) per_head(eng, bh);
   }
 }
@@ -186,6 +192,36 @@ at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opts, bool
   return every_element ? at::empty(sizes, opts) : at::zeros(sizes, opts);
 }
 
+// The layer output O of a call, which the next call on the same thread hands
+// out again once nothing else holds it: at::empty (through the dispatcher,
+// a TensorImpl, an aligned allocation) and the release of the caller's
+// tensor were about a quarter of a 2.8 us call of one head at n = 17
+// (docs/performance.md, "Per-call work at batch 1"). Reused only when the kept
+// tensor is referenced by this slot alone (its TensorImpl and its storage,
+// no weak references: no view, no alias, no Python object) and is what a new
+// output would be (shape, dtype, device, contiguous, no autograd, the same
+// inference mode, no names or conjugate/negative bits). Outputs above
+// kKeptOutputMaxBytes are not kept alive between calls.
+constexpr int64_t kKeptOutputMaxBytes = int64_t(1) << 20;
+
+bool reusable(const at::Tensor& t, at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  return t.defined() && t.use_count() == 1 && t.weak_use_count() == 1 && t.storage().use_count() == 1 &&
+         t.sizes() == sizes && t.dtype() == opts.dtype() && t.device() == opts.device() && t.is_contiguous() &&
+         t.storage_offset() == 0 && !t.requires_grad() && t.is_inference() == c10::InferenceMode::is_enabled() &&
+         !t.has_names() && !t.is_conj() && !t.is_neg();
+}
+
+at::Tensor layer_output(at::IntArrayRef sizes, const at::TensorOptions& opts, bool every_element) {
+  thread_local at::Tensor kept;
+  if (reusable(kept, sizes, opts)) {
+    if (!every_element) std::memset(kept.data_ptr(), 0, kept.nbytes());
+    return kept;
+  }
+  at::Tensor t = new_output(sizes, opts, every_element);
+  kept = t.nbytes() <= static_cast<size_t>(kKeptOutputMaxBytes) ? t : at::Tensor();
+  return t;
+}
+
 // Heads h0..h1-1 all finite in q and k [., n, d] and v [., n, dv] (or null).
 template <class T>
 bool heads_finite(const detail::KernelTable<T>& kt, const T* q, const T* k, const T* v, int64_t h0, int64_t h1,
@@ -195,21 +231,29 @@ bool heads_finite(const detail::KernelTable<T>& kt, const T* q, const T* k, cons
          (!v || kt.all_finite(v + h0 * n * dv, c * n * dv));
 }
 
-// fast.h, nonfinite_heads: sizes the flags for B * H heads and returns the
-// check that drive() runs per range of heads, on the thread that runs them
-// (one sweep over the range's inputs; per head only when it finds
-// something: per-head calls on 17 x 16 blocks cost what the serial sweep did).
+// fast.h, nonfinite_heads: the check that drive() runs per range of heads,
+// on the thread that runs them (one sweep over the range's inputs; per head
+// only when it finds something: per-head calls on 17 x 16 blocks cost what
+// the serial sweep did). Without flags (nullptr) it checks nothing.
 template <class T>
-std::function<void(int64_t, int64_t)> flag_nonfinite(std::vector<uint8_t>* flags, int64_t BH,
-                                                     const detail::KernelTable<T>& kt, const T* q, const T* k,
-                                                     const T* v, int64_t n, int64_t d, int64_t dv) {
+struct NonfiniteCheck {
+  uint8_t* bad = nullptr;
+  const detail::KernelTable<T>* kt = nullptr;
+  const T *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t n = 0, d = 0, dv = 0;
+  void operator()(int64_t b, int64_t e) const {
+    if (!bad || heads_finite(*kt, q, k, v, b, e, n, d, dv)) return;
+    for (int64_t h = b; h < e; ++h) bad[h] = !heads_finite(*kt, q, k, v, h, h + 1, n, d, dv);
+  }
+};
+
+// Sizes the flags for BH heads (all clear) and returns their check.
+template <class T>
+NonfiniteCheck<T> flag_nonfinite(std::vector<uint8_t>* flags, int64_t BH, const detail::KernelTable<T>& kt, const T* q,
+                                 const T* k, const T* v, int64_t n, int64_t d, int64_t dv) {
   if (!flags) return {};
   flags->assign(static_cast<size_t>(BH), 0);
-  uint8_t* bad = flags->data();
-  return [=, &kt](int64_t b, int64_t e) {
-    if (heads_finite(kt, q, k, v, b, e, n, d, dv)) return;
-    for (int64_t h = b; h < e; ++h) bad[h] = !heads_finite(kt, q, k, v, h, h + 1, n, d, dv);
-  };
+  return NonfiniteCheck<T>{flags->data(), &kt, q, k, v, n, d, dv};
 }
 
 template <class T>
@@ -219,7 +263,9 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t dv = v.defined() ? v.size(3) : 0;
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
-  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
+  detail::ActiveSets own_sets;
+  const detail::ActiveSets& act =
+      detail::call_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries, &own_sets);
   const bool full = !mask.defined();
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   auto opts = q.options();
@@ -228,7 +274,7 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   if (want_duals) f = at::empty({B, H, n}, opts), g = at::empty({B, H, n}, opts);
   // Every row of O is written unless padded queries are dropped.
   const bool every_row = full || !c.drop_padded_queries;
-  if (v.defined()) O = new_output({B, H, n, dv}, opts, every_row);
+  if (v.defined()) O = layer_output({B, H, n, dv}, opts, every_row);
   if (want_attention) A = new_output({B, H, n, n}, opts, full);
   const bool has_star = want_duals && T_budget >= 2;
   if (has_star) fstar = at::empty({B, H, n}, opts), phibar = at::empty({B, H, n}, opts);
@@ -317,7 +363,9 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
   const Convention c = convention_of(s);
-  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
+  detail::ActiveSets own_sets;
+  const detail::ActiveSets& act =
+      detail::call_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries, &own_sets);
   const bool full = !mask.defined();
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   const FeatureFamily& fam = L.family;
@@ -333,7 +381,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   const bool per_head = coef.size(0) == H && H > 1;
   auto opts = q.options();
   const bool every_row = full || !c.drop_padded_queries;  // as in teacher_impl
-  at::Tensor O = new_output({B, H, n, dv}, opts, every_row);
+  at::Tensor O = layer_output({B, H, n, dv}, opts, every_row);
   at::Tensor A, phi, Psi;
   if (opt.return_attention) A = new_output({B, H, n, n}, opts, full);
   if (opt.return_phi) phi = new_output({B, H, n}, opts, full);
@@ -358,16 +406,14 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
   // the other thread's stores went to the caller's memory: two heads on 2
   // threads took 3.95 us (3.92 on one), now 3.75 (docs/performance.md).
   const auto range_check = flag_nonfinite(nonfinite, B * H, kt, qp, kp, vp, n, d, dv);
-  std::function<void(int64_t, int64_t)> per_range;
-  if (every_row || range_check)
-    per_range = [&](int64_t b, int64_t e) {
-      if (range_check) range_check(b, e);
-      if (every_row) {
-        ThreadScratch<T>& ts = thread_scratch<T>();
-        ts.first = b;
-        kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), ts.get(5, (e - b) * n));
-      }
-    };
+  const auto per_range = [&](int64_t b, int64_t e) {
+    range_check(b, e);
+    if (every_row) {
+      ThreadScratch<T>& ts = thread_scratch<T>();
+      ts.first = b;
+      kt.row_sqnorm((e - b) * n, nullptr, qp + b * n * d, d, static_cast<T>(0.5 * scale), ts.get(5, (e - b) * n));
+    }
+  };
   drive<T>(
       kt, ch, B * H, n, d, dv,
       [&](Engine<T>& eng, int64_t bh) {
@@ -410,7 +456,9 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const Tuning& tuning) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
-  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, drop);
+  detail::ActiveSets own_sets;
+  const detail::ActiveSets& act =
+      detail::call_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, drop, &own_sets);
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   const int64_t P = fam.num_columns();
   const detail::ScaledBank<T> bank(theta, fam.slices, scale);
@@ -443,7 +491,9 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
                                int k_max, const Tuning& tuning) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), C = phi.size(0);
   const auto& kt = detail::table_of<T>(detail::kernels_for(tuning));
-  const auto act = detail::active_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries);
+  detail::ActiveSets own_sets;
+  const detail::ActiveSets& act =
+      detail::call_sets(mask.defined() ? mask.data_ptr<bool>() : nullptr, B, n, c.drop_padded_queries, &own_sets);
   const Choice ch = detail::choose(B * H, n, sizeof(T), kt.nt_nr, tuning);
   at::Tensor out = at::zeros({C, k_max, B, H}, at::kDouble);
   const T* qp = q.data_ptr<T>();

@@ -20,38 +20,71 @@ constexpr int64_t kColChunkRows = 32;
 constexpr int64_t kTransposedMaxKeys = 100;
 }  // namespace
 
-ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries) {
-  ActiveSets sets;
-  if (mask) sets.per_sequence.resize(B);
-  for (int64_t b = 0; b < (mask ? B : 1); ++b) {
-    Active& a = mask ? sets.per_sequence[b] : sets.all;
-    a.keys.reserve(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-      if (!mask || mask[b * n + i]) a.keys.push_back(i);
-    a.all_keys = static_cast<int64_t>(a.keys.size()) == n;
-    if (drop_padded_queries) {
-      a.rows = a.keys;
-    } else {
-      a.rows.resize(n);
-      for (int64_t i = 0; i < n; ++i) a.rows[i] = i;
-    }
-    auto run = [](const std::vector<int64_t>& v) {
-      return !v.empty() && v.back() - v.front() + 1 == static_cast<int64_t>(v.size()) ? v.front() : int64_t{-1};
-    };
-    a.row_run = run(a.rows);
-    a.key_run = run(a.keys);
-    // Positions of the keys within R, and of R's rows that are not keys.
-    a.key_in_rows.resize(a.keys.size());
-    a.extra_rows.reserve(a.rows.size() - a.keys.size());
-    size_t kk = 0;
-    for (size_t r = 0; r < a.rows.size(); ++r) {
-      if (kk < a.keys.size() && a.keys[kk] == a.rows[r])
-        a.key_in_rows[kk++] = static_cast<int64_t>(r);
-      else
-        a.extra_rows.push_back(static_cast<int64_t>(r));
-    }
+namespace {
+constexpr int64_t kKeptSetsMaxTokens = int64_t(1) << 16;
+
+// Fills a with the tokens of sequence b (mask nullptr: all n), reusing the
+// vectors' storage.
+void fill_active(Active& a, const bool* mask, int64_t b, int64_t n, bool drop_padded_queries) {
+  a.keys.clear();
+  a.rows.clear();
+  a.key_in_rows.clear();
+  a.extra_rows.clear();
+  a.keys.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!mask || mask[b * n + i]) a.keys.push_back(i);
+  a.all_keys = static_cast<int64_t>(a.keys.size()) == n;
+  if (drop_padded_queries) {
+    a.rows = a.keys;
+  } else {
+    a.rows.resize(n);
+    for (int64_t i = 0; i < n; ++i) a.rows[i] = i;
   }
-  return sets;
+  auto run = [](const std::vector<int64_t>& v) {
+    return !v.empty() && v.back() - v.front() + 1 == static_cast<int64_t>(v.size()) ? v.front() : int64_t{-1};
+  };
+  a.row_run = run(a.rows);
+  a.key_run = run(a.keys);
+  // Positions of the keys within R, and of R's rows that are not keys.
+  a.key_in_rows.resize(a.keys.size());
+  a.extra_rows.reserve(a.rows.size() - a.keys.size());
+  size_t kk = 0;
+  for (size_t r = 0; r < a.rows.size(); ++r) {
+    if (kk < a.keys.size() && a.keys[kk] == a.rows[r])
+      a.key_in_rows[kk++] = static_cast<int64_t>(r);
+    else
+      a.extra_rows.push_back(static_cast<int64_t>(r));
+  }
+}
+}  // namespace
+
+const ActiveSets& call_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries, ActiveSets* own) {
+  // The calling thread's sets, rebuilt in place: their vectors keep their
+  // storage from call to call (four allocations per sequence and call were
+  // about 5% of a call of one head at n = 17, and of a masked text batch).
+  // Without a mask they depend on n alone (every token is a row and a key)
+  // and are rebuilt only when n changes. Masked batches of more than
+  // kKeptSetsMaxTokens tokens are built into *own, so that a thread does not
+  // keep their storage (32 bytes a token) after the call.
+  if (mask && B * n > kKeptSetsMaxTokens) {
+    own->per_sequence.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) fill_active(own->per_sequence[b], mask, b, n, drop_padded_queries);
+    return *own;
+  }
+  // One set for unmasked calls (`all` only) and one for masked calls
+  // (`per_sequence` only), so that alternating calls keep both.
+  thread_local ActiveSets unmasked, masked;
+  thread_local int64_t unmasked_n = -1;
+  if (!mask) {
+    if (unmasked_n != n) {
+      fill_active(unmasked.all, nullptr, 0, n, drop_padded_queries);
+      unmasked_n = n;
+    }
+    return unmasked;
+  }
+  masked.per_sequence.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) fill_active(masked.per_sequence[b], mask, b, n, drop_padded_queries);
+  return masked;
 }
 
 Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning) {
@@ -59,8 +92,13 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
   const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
   int64_t budget = tuning.workspace_bytes;
   if (budget <= 0) {
-    const char* env = std::getenv("ASAP_FAST_WORKSPACE_MB");
-    budget = (env && *env) ? static_cast<int64_t>(std::atof(env) * 1048576.0) : (int64_t(256) << 20);
+    // The environment is read once: getenv walks it on every call, a visible
+    // share of a call of one head at n = 17.
+    static const int64_t env_budget = [] {
+      const char* env = std::getenv("ASAP_FAST_WORKSPACE_MB");
+      return (env && *env) ? static_cast<int64_t>(std::atof(env) * 1048576.0) : (int64_t(256) << 20);
+    }();
+    budget = env_budget;
   }
   const int64_t tile_bytes = n * round_up(n, panel) * elem_bytes;
   // Short sequences run heads over threads even when there are fewer heads

@@ -44,8 +44,10 @@ struct ActiveSets {
   const Active& operator[](int64_t b) const { return per_sequence.empty() ? all : per_sequence[b]; }
 };
 
-// Builds the sets of a [B, n] key mask (nullptr = no mask).
-ActiveSets active_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries);
+// The sets of one call for a [B, n] key mask (nullptr = no mask): the
+// calling thread's, rebuilt in place (their storage kept from call to call)
+// and valid until the thread's next call, or *own for large masked batches.
+const ActiveSets& call_sets(const bool* mask, int64_t B, int64_t n, bool drop_padded_queries, ActiveSets* own);
 
 // How a call is run.
 struct Choice {
