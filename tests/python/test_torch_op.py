@@ -744,6 +744,30 @@ def test_teacher_op():
 
 
 @test
+def test_released_outputs_stay_what_python_saw():
+    """The fused calls hand a released output tensor out again (docs/serving.md,
+    "Output tensors") but never one that was handed to Python: PyTorch keeps a
+    released tensor's Python object alive with it, so a weakref or an attribute
+    set on the old output would otherwise see the next call's values."""
+    if not OP:
+        return
+    import weakref
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
+    q2 = torch.randn(1, 2, 17, 16)
+    first = torch.ops.asap.teacher(q, k, v, None, 0.3, 3)[0]
+    want = first.clone()
+    weak = weakref.ref(first)
+    first.tag = "first"
+    del first
+    second = torch.ops.asap.teacher(q2, k, v, None, 0.3, 3)[0]
+    close(second, reference.teacher(q2, k, v, None, 0.3, 3)[0], "the next call", TOL)
+    assert not hasattr(second, "tag"), "the next call returned the released output's Python object"
+    old = weak()
+    assert old is None or torch.equal(old, want), "a weakref to a released output saw the next call's values"
+
+
+@test
 def test_teacher_op_errors():
     q = torch.randn(2, 2, 5, 4)
     cases = [

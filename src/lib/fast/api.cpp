@@ -198,17 +198,20 @@ at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opts, bool
 // tensor were about a quarter of a 2.8 us call of one head at n = 17
 // (docs/performance.md, "Per-call work at batch 1"). Reused only when the kept
 // tensor is referenced by this slot alone (its TensorImpl and its storage,
-// no weak references: no view, no alias, no Python object) and is what a new
-// output would be (shape, dtype, device, contiguous, no autograd, the same
-// inference mode, no names or conjugate/negative bits). Outputs above
-// kKeptOutputMaxBytes are not kept alive between calls.
+// no weak references: no view, no alias), was never handed to Python (a
+// released tensor's Python object lives on with it, PyTorch's PyObject
+// preservation, so a Python weakref or attribute would see the next call),
+// and is what a new output would be (shape, dtype, device, contiguous, no
+// autograd, the same inference mode, no names or conjugate/negative bits).
+// Outputs above kKeptOutputMaxBytes are not kept alive between calls.
 constexpr int64_t kKeptOutputMaxBytes = int64_t(1) << 20;
 
 bool reusable(const at::Tensor& t, at::IntArrayRef sizes, const at::TensorOptions& opts) {
   return t.defined() && t.use_count() == 1 && t.weak_use_count() == 1 && t.storage().use_count() == 1 &&
-         t.sizes() == sizes && t.dtype() == opts.dtype() && t.device() == opts.device() && t.is_contiguous() &&
-         t.storage_offset() == 0 && !t.requires_grad() && t.is_inference() == c10::InferenceMode::is_enabled() &&
-         !t.has_names() && !t.is_conj() && !t.is_neg();
+         t.unsafeGetTensorImpl()->_unchecked_untagged_pyobj() == nullptr && t.sizes() == sizes &&
+         t.dtype() == opts.dtype() && t.device() == opts.device() && t.is_contiguous() && t.storage_offset() == 0 &&
+         !t.requires_grad() && t.is_inference() == c10::InferenceMode::is_enabled() && !t.has_names() && !t.is_conj() &&
+         !t.is_neg();
 }
 
 at::Tensor layer_output(at::IntArrayRef sizes, const at::TensorOptions& opts, bool every_element) {
