@@ -66,11 +66,6 @@ const ActiveSets& call_sets(const bool* mask, int64_t B, int64_t n, bool drop_pa
   // and are rebuilt only when n changes. Masked batches of more than
   // kKeptSetsMaxTokens tokens are built into *own, so that a thread does not
   // keep their storage (32 bytes a token) after the call.
-  if (mask && B * n > kKeptSetsMaxTokens) {
-    own->per_sequence.resize(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) fill_active(own->per_sequence[b], mask, b, n, drop_padded_queries);
-    return *own;
-  }
   // One set for unmasked calls (`all` only) and one for masked calls
   // (`per_sequence` only), so that alternating calls keep both.
   thread_local ActiveSets unmasked, masked;
@@ -82,9 +77,10 @@ const ActiveSets& call_sets(const bool* mask, int64_t B, int64_t n, bool drop_pa
     }
     return unmasked;
   }
-  masked.per_sequence.resize(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) fill_active(masked.per_sequence[b], mask, b, n, drop_padded_queries);
-  return masked;
+  ActiveSets& sets = B * n > kKeptSetsMaxTokens ? *own : masked;
+  sets.per_sequence.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) fill_active(sets.per_sequence[b], mask, b, n, drop_padded_queries);
+  return sets;
 }
 
 Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const Tuning& tuning) {
