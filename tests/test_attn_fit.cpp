@@ -36,6 +36,26 @@ asap::AttnSource source_of(const std::vector<asap::AttnBatch>& bs) {
   };
 }
 
+// One feature column, the teacher's row dual after T - k = 3 half-steps in
+// cost coordinates: coefficient 1 followed by k = 3 closures is exactly the
+// teacher (T = 6).
+struct ExactCase {
+  Case x;
+  double scale = 0.5, eps = 0;
+  at::Tensor col;
+};
+
+ExactCase exact_case() {
+  ExactCase e;
+  e.x = random_case(3, 2, 8, 21, false);
+  e.eps = e.x.c.eps;
+  const Case& x = e.x;
+  auto f3 = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, e.scale, 3, x.c, false).f;
+  auto m = asap::log_marginals(x.mask, 3, 8, false, at::kDouble, at::kCPU);
+  e.col = (f3 + asap::cost_alpha(x.q, e.scale)).masked_fill(m.row_active.logical_not(), 0.0).unsqueeze(-1);
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("attention refit: the batch's plan is the teacher's (up to its scale), padding and dropped rows") {
@@ -90,11 +110,7 @@ TEST_CASE("attention refit: L-BFGS finds a k-matched dual that reproduces the te
   // The one feature column is the teacher's row dual after T - k = 3
   // half-steps in cost coordinates, so coefficient 1 followed by k = 3
   // closures is exactly the teacher (T = 6); start from 0.4.
-  auto x = random_case(3, 2, 8, 21, false);
-  const double scale = 0.5, eps = x.c.eps;
-  auto f3 = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, scale, 3, x.c, false).f;
-  auto m = asap::log_marginals(x.mask, 3, 8, false, at::kDouble, at::kCPU);
-  auto col = (f3 + asap::cost_alpha(x.q, scale)).masked_fill(m.row_active.logical_not(), 0.0).unsqueeze(-1);
+  const auto [x, scale, eps, col] = exact_case();
   std::vector<asap::AttnBatch> bs{batch_of(x, col, scale, 6)};
   auto src = source_of(bs);
   CHECK(asap::attn_evaluate(src, at::ones({1, 1}, at::kDouble), eps, 3, nullptr) < 1e-20);
@@ -112,30 +128,48 @@ TEST_CASE("attention refit: L-BFGS finds a k-matched dual that reproduces the te
   CHECK(r.diagnostics.heldout_objective == doctest::Approx(f1).epsilon(1e-6));
 }
 
-TEST_CASE("attention refit: the held-out best is kept, the LS start when training moves away from it") {
+TEST_CASE(
+    "attention refit: the held-out best is kept, the LS start when training moves away from it, and the refit stops "
+    "after `patience` checks without gain") {
   // Training data whose optimum is coefficient 1; held-out data built with
   // the column negated, whose optimum is -1. L-BFGS walks from 0.4 towards
   // 1, every held-out check is worse than the start, and the start is
   // what comes back (with its held-out objective).
-  auto x = random_case(3, 2, 8, 21, false);
-  const double scale = 0.5, eps = x.c.eps;
-  auto f3 = asap::run_teacher_reference(x.q, x.k, at::Tensor(), x.mask, scale, 3, x.c, false).f;
-  auto m = asap::log_marginals(x.mask, 3, 8, false, at::kDouble, at::kCPU);
-  auto col = (f3 + asap::cost_alpha(x.q, scale)).masked_fill(m.row_active.logical_not(), 0.0).unsqueeze(-1);
+  const auto [x, scale, eps, col] = exact_case();
   std::vector<asap::AttnBatch> train{batch_of(x, col, scale, 6)}, held{batch_of(x, -col, scale, 6)};
   auto tr = source_of(train), he = source_of(held);
   asap::AttnFitOptions o;
   o.max_iters = 30;
   o.check_every = 1;
+  o.patience = 0;  // every iteration runs
   auto start = at::full({1, 1}, 0.4, at::kDouble);
   const double h0 = asap::attn_evaluate(he, start, eps, 3, nullptr);
   auto r = asap::refine_attention(tr, &he, start, eps, 3, o);
   CHECK(r.diagnostics.train_objective < 1e-3 * r.diagnostics.train_objective_ls);
   CHECK(r.diagnostics.best_iteration == 0);
+  const bool capped = r.diagnostics.stopped.find("iteration cap") != std::string::npos;
+  CHECK(capped == (r.diagnostics.iterations == o.max_iters));  // else L-BFGS ended on its own, and says why
   CHECK(r.coef.item<double>() == 0.4);
   CHECK(r.diagnostics.heldout_objective == doctest::Approx(h0).epsilon(1e-12));
   // And the held-out objective of the last iterate is indeed worse.
   const auto& hist = r.diagnostics.history;
   REQUIRE(hist.back().heldout.has_value());
   CHECK(*hist.back().heldout > h0);
+
+  // With checks every 2 iterations and patience 2 the refit ends after
+  // iteration 4, keeping the start.
+  o.check_every = 2;
+  o.patience = 2;
+  auto p = asap::refine_attention(tr, &he, start, eps, 3, o);
+  CHECK(p.diagnostics.iterations == 4);
+  CHECK(p.diagnostics.history.size() == 5);  // the start and four iterations
+  CHECK(p.diagnostics.best_iteration == 0);
+  CHECK(p.coef.item<double>() == 0.4);
+  CHECK(p.diagnostics.stopped.find("no better held-out objective in 2 checks") != std::string::npos);
+
+  // Where the held-out objective keeps improving (held-out = training),
+  // patience does not cut the refit short: it reaches the exact dual.
+  auto q = asap::refine_attention(tr, &tr, start, eps, 3, o);
+  CHECK(std::abs(q.coef.item<double>() - 1.0) < 1e-3);
+  CHECK(q.diagnostics.best_iteration >= 4);
 }

@@ -132,6 +132,7 @@ asap::LayerRecord full_record(const std::string& fit) {
     a.closures = 2;
     a.iterations = 5;
     a.best_iteration = 4;
+    a.stopped = "no better held-out objective in 3 checks (15 iterations)";
     a.train_objective_ls = 0.06;
     a.train_objective = 0.05;
     a.heldout_objective_ls = 0.07;
@@ -202,6 +203,12 @@ TEST_CASE("compile record: every field survives to_json and from_json") {
     CHECK(back.model->noise_measured.value() == 0.0125);
     CHECK(!back.model->max_error.has_value());
   }
+  // The refit's stop reason round-trips; a record from before it was kept reads as empty.
+  CHECK(json(full_record("attention")).get<asap::LayerRecord>().refit->attention->stopped ==
+        "no better held-out objective in 3 checks (15 iterations)");
+  json no_stop = full_record("attention");
+  no_stop["attention_fit"].erase("stopped");
+  CHECK(no_stop.get<asap::LayerRecord>().refit->attention->stopped.empty());
   // A fit record of an asapc before the model budget has none: still read.
   json old = full_record("ls");
   old.erase("model_budget");
@@ -448,8 +455,11 @@ TEST_CASE(
   // here. (An intended change of the math updates the file, with a note in
   // the commit.)
   const json expect = bundled_vit_choice();
-  // The rule of the recording: each layer on its own, no guard.
-  const auto r = compile_bundled_vit(expect, asap::BudgetScope::kLayer, [](asap::CompileOptions& o) { o.guard = 0; });
+  // The rule of the recording: each layer on its own, no guard, LS coefficients.
+  const auto r = compile_bundled_vit(expect, asap::BudgetScope::kLayer, [](asap::CompileOptions& o) {
+    o.guard = 0;
+    o.fit = asap::FitKind::kLs;
+  });
   const auto& want = expect.at("layers");
   REQUIRE(r.artifact.layers.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {

@@ -138,13 +138,14 @@ struct CompileOptions {
   uint64_t seed = 1234;                               // slice bank and split
   int64_t max_examples = 0;                           // > 0: use only the first examples of the file
   std::vector<std::string> layers;                    // empty = every layer of the spec
-  FitKind fit = FitKind::kLs;                         // --fit
+  FitKind fit = FitKind::kAttention;                  // --fit
   Targets targets = Targets::kBoth;                   // --targets
   double kl_ridge = -1;                               // >= 0: fixed KL ridge
   int kl_max_iters = 20;                              // Newton iterations
   double kl_cache_mb = 512;                           // memory budget for caching KL (and attention refit) batches
   int attention_iters = 60;                           // L-BFGS iterations of --fit attention
-  bool float64 = false;                               // run teacher and features in float64
+  int attention_patience = 3;      // stop the refit after this many held-out checks without gain (0: never)
+  bool float64 = false;            // run teacher and features in float64
   bool skip_bad_examples = false;  // exclude examples whose scores overflow (warning) instead of refusing
   // Set: this process is one rank of a distributed compile (asap/dist.h).
   // Every rank must call compile_teacher with the same options; each

@@ -144,6 +144,7 @@ struct AttnStepRecord {
 struct AttnRefitRecord {
   int closures = 0;
   int iterations = 0, best_iteration = 0;
+  std::string stopped;  // why the iterations ended (empty in records written before it was kept)
   double train_objective_ls = 0, train_objective = 0;
   double heldout_objective_ls = -1, heldout_objective = -1;
   std::vector<AttnStepRecord> history;

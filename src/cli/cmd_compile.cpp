@@ -28,7 +28,7 @@ struct CompileArgs {
   std::string heads = "auto";
   std::string report, report_json;
   std::string objective = "min-speedup", latency_table;
-  std::string fit = "ls", targets = "both";           // parsed into opt.fit / opt.targets
+  std::string fit = "attention", targets = "both";    // parsed into opt.fit / opt.targets
   std::string budget = "model", model_error = "max";  // parsed into opt.budget / opt.model_error
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
@@ -92,7 +92,8 @@ void print_refit(const asap::RefitRecord& r) {
   } else if (r.attention) {
     const auto& k = *r.attention;
     std::cout << "    attention refit: " << k.iterations << " L-BFGS iterations (best at " << k.best_iteration
-              << "), training objective " << k.train_objective_ls << " -> " << k.train_objective;
+              << (k.stopped.empty() ? "" : ", stopped by " + k.stopped) << "), training objective "
+              << k.train_objective_ls << " -> " << k.train_objective;
     if (r.heldout_attention_error_refit)
       std::cout << ", held-out attention error " << r.heldout_attention_error_ls.value_or(-1.0) << " -> "
                 << *r.heldout_attention_error_refit << (r.fell_back_to_ls.value_or(false) ? " (worse: LS kept)" : "");
@@ -172,8 +173,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   auto& o = a->opt;
   c->add_option("--layers", o.layers, "compile only these layers (default: all in the spec)")->delimiter(',');
   c->add_option("--fit", a->fit,
-                "coefficient fit: ls (ridge least squares), kl (convex forward KL), or attention (LS, then refined "
-                "by L-BFGS on the attention error after the operator's closures; kept if held-out error improves)")
+                "coefficient fit: attention (LS, then refined by L-BFGS on the attention error after the "
+                "operator's closures, kept if the held-out error improves), ls (ridge least squares alone: a "
+                "compile several times faster), or kl (convex forward KL)")
       ->capture_default_str();
   c->add_option("--slices", o.slice_bank, "slice bank size per layer")->capture_default_str();
   c->add_option("--slice-counts", o.slice_counts,
@@ -196,6 +198,10 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--kl-ridge", o.kl_ridge, "fixed KL ridge (default: chosen on held-out KL)");
   c->add_option("--kl-iters", o.kl_max_iters, "maximum Newton iterations of the KL fit")->capture_default_str();
   c->add_option("--attention-iters", o.attention_iters, "L-BFGS iterations of --fit attention")->capture_default_str();
+  c->add_option("--attention-patience", o.attention_patience,
+                "stop --fit attention after this many held-out checks (one every 5 iterations) without a better "
+                "held-out error; 0 runs every iteration")
+      ->capture_default_str();
   c->add_option("--kl-cache-mb", o.kl_cache_mb, "memory budget for caching KL features (MB)")->capture_default_str();
   c->add_option("--closures", o.closures, "fixed default number of closures k (default: chosen on held-out data)");
   c->add_option("--max-passes", o.max_passes,

@@ -159,6 +159,27 @@ def ridge_grid_is_the_set_chosen_from():
                 assert len(row["ridge_grid_mse"]) == 2, row
 
 
+@test
+def the_default_fit_is_the_attention_refit_and_fit_ls_skips_it():
+    """Without --fit, compile refits the chosen map on the attention error
+    (the record's attention_fit, which says what stopped it); --fit ls keeps
+    the LS coefficients of the same choice and records no refit."""
+    layer = ["--layers", "transformer.layers.1.0.fn"]
+    d = compile_json(os.path.join(TMP, "fit-default.asap.h5"), *layer)["layers"][0]
+    ls = compile_json(os.path.join(TMP, "fit-ls.asap.h5"), "--fit", "ls", *layer)["layers"][0]
+    assert d["fit"] == "attention" and ls["fit"] == "ls", (d["fit"], ls["fit"])
+    af = d["attention_fit"]
+    assert af["stopped"], af
+    assert 1 <= af["iterations"] <= 60, af
+    assert af["heldout_attention_error_refit"] <= af["heldout_attention_error_ls"] or af["fell_back_to_ls"], af
+    assert "attention_fit" not in ls, sorted(ls)
+    assert d["chosen"]["candidate"] == ls["chosen"]["candidate"], (d["chosen"], ls["chosen"])
+    assert d["chosen"]["closures"] == ls["chosen"]["closures"]
+    # --attention-patience 1 stops no later than the default's patience of 3.
+    p1 = compile_json(os.path.join(TMP, "fit-p1.asap.h5"), "--attention-patience", "1", *layer)["layers"][0]
+    assert p1["attention_fit"]["iterations"] <= af["iterations"], (p1["attention_fit"], af)
+
+
 if __name__ == "__main__":
     try:
         sys.exit(run(sys.argv[1:]))

@@ -32,7 +32,7 @@ COMPILE_FLAGS = ["--slices", "--slice-counts", "--fixed-slices", "--features", "
                  "--ridge-grid", "--kl-ridge", "--kl-iters", "--kl-cache-mb", "--closures", "--max-passes",
                  "--max-closures", "--deploy-batch", "--selection-examples", "--batch-size", "--heldout-fraction",
                  "--seed", "--max-examples", "--threads", "--layers", "--fit", "--dist-timeout", "--latency-table",
-                 "--attention-iters", "--deploy-threads", "--guard"]
+                 "--attention-iters", "--attention-patience", "--deploy-threads", "--guard"]
 VERIFY = [ASAPC, "verify", NAME + ".pt", "--artifact", os.path.join(TMP, "a.asap.h5"), "--data",
           NAME + ".heldout.h5", "--max-examples", "8", "--no-timing", "-q", "--json-out", os.path.join(TMP, "v.json"),
           "--report", os.path.join(TMP, "v.html")]
@@ -51,7 +51,7 @@ VALID = {
     ("--kl-ridge", "99999999999999"), ("--kl-ridge", "1e300"),
     ("--ridge", "99999999999999"), ("--ridge", "1e300"), ("--ridge-grid", "99999999999999"), ("--ridge-grid", "1e300"),
     ("--deploy-batch", "99999999999999"),
-    ("--guard", "0"), ("--guard", "99999999999999"), ("--guard", "1e300"),
+    ("--guard", "0"), ("--guard", "99999999999999"), ("--guard", "1e300"), ("--attention-patience", "0"),
     ("--batch-size", "99999999999999"),
     # verify
     ("--repeats", "0"), ("--max-attention-error", "99999999999999"),

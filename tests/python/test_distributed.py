@@ -241,14 +241,14 @@ def fit_records(path):
 
 def record_differences(a, b, path=""):
     """Where two fit records differ, apart from timings and the share of
-    each rank: the same keys, lists of the same length, the same strings
+    each rank (its examples, the MB of batches it cached): the same keys, lists of the same length, the same strings
     (speeds in sentences masked), booleans and integers; floats within 1e-5
     relative or 1e-7 absolute (float32 kernels run on other batches)."""
     import re
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             return ["%s: keys %s" % (path, sorted(a.keys() ^ b.keys()))]
-        return [d for k in a if k not in TIMING and k != "examples_per_rank"
+        return [d for k in a if k not in TIMING and k not in ("examples_per_rank", "cached_mb")
                 for d in record_differences(a[k], b[k], path + "/" + k)]
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):

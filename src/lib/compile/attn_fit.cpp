@@ -153,7 +153,8 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
   double best_held = held ? attn_evaluate(*held, x, eps, k, nullptr, comm) : f;
   const double held0 = best_held;
   at::Tensor best = x.clone();
-  int best_iter = 0, it = 0;
+  int best_iter = 0, it = 0, stale = 0;
+  std::string stopped = str("the iteration cap (--attention-iters ", opt.max_iters, ")");
   std::deque<std::pair<at::Tensor, at::Tensor>> mem;  // (s, y), newest last
   constexpr size_t kMemory = 8;
   std::vector<AttnStepRecord> history;
@@ -169,7 +170,10 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
       q = q - al[i] * mem[i].second;
     }
     const double gn = std::sqrt(dot(g, g));
-    if (!(gn > 1e-12)) break;
+    if (!(gn > 1e-12)) {
+      stopped = "a zero gradient";
+      break;
+    }
     double gamma = mem.empty() ? 0.1 * std::max(1.0, std::sqrt(dot(x, x))) / gn
                                : dot(mem.back().first, mem.back().second) / dot(mem.back().second, mem.back().second);
     at::Tensor r = gamma * q;
@@ -197,7 +201,10 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
         break;
       }
     }
-    if (!ok) break;
+    if (!ok) {
+      stopped = "a line search without decrease";
+      break;
+    }
     auto s = xn - x, y = gnew - g;
     if (dot(s, y) > 1e-16) {
       mem.emplace_back(s, y);
@@ -208,16 +215,25 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
     if (held && (it % opt.check_every == 0 || it == opt.max_iters)) {
       const double hv = attn_evaluate(*held, x, eps, k, nullptr, comm);
       h.heldout = hv;
-      if (hv < best_held) best_held = hv, best = x.clone(), best_iter = it;
+      if (hv < best_held)
+        best_held = hv, best = x.clone(), best_iter = it, stale = 0;
+      else
+        ++stale;
     }
     history.push_back(h);
     if (opt.progress) opt.progress({layer, "attention", it, opt.max_iters});
+    if (opt.patience > 0 && stale >= opt.patience) {
+      stopped = str("no better held-out objective in ", stale, " checks (", stale * opt.check_every, " iterations)");
+      ++it;  // this iteration ran
+      break;
+    }
   }
   if (!held) best = x.clone(), best_iter = it - 1;
   AttnRefitRecord diag;
   diag.closures = k;
   diag.iterations = it - 1;
   diag.best_iteration = best_iter;
+  diag.stopped = stopped;
   diag.train_objective_ls = f0;
   diag.train_objective = f;
   diag.heldout_objective_ls = held ? held0 : -1.0;

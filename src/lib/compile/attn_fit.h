@@ -46,6 +46,7 @@ using AttnSource = std::function<void(const std::function<void(const AttnBatch&)
 struct AttnFitOptions {
   int max_iters = 60;   // L-BFGS iterations
   int check_every = 5;  // held-out objective every this many iterations; the best is kept
+  int patience = 3;     // > 0: stop after this many checks in a row without a better held-out objective
   double cache_mb = 512;
   int64_t batch_size = 16;
   int64_t min_heldout = 8;
@@ -63,7 +64,8 @@ double attn_evaluate(const AttnSource& src, const at::Tensor& coef, double eps, 
                      Communicator* comm = nullptr);
 
 // L-BFGS from coef0 on the training source; every check_every iterations
-// the held-out objective, keeping the best coefficients (coef0 included).
+// the held-out objective, keeping the best coefficients (coef0 included),
+// and stopping once `patience` checks in a row have not improved on it.
 AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const at::Tensor& coef0, double eps, int k,
                          const AttnFitOptions& opt, const std::string& layer = "");
 

@@ -138,6 +138,8 @@ Setup validate_options(const CompileOptions& opt) {
   ASAP_CHECK(opt.slice_bank >= 1 && opt.slice_bank <= kMaxSliceBank, "--slices must be in 1..", kMaxSliceBank,
              " (each slice is a feature column: more cost memory and latency without gain), found ", opt.slice_bank);
   ASAP_CHECK(opt.attention_iters >= 1, "--attention-iters must be at least 1, found ", opt.attention_iters);
+  ASAP_CHECK(opt.attention_patience >= 0, "--attention-patience must be at least 0 (0 = run every iteration), found ",
+             opt.attention_patience);
   ASAP_CHECK(opt.max_closures >= 1, "--max-closures must be at least 1, found ", opt.max_closures);
   ASAP_CHECK(opt.selection_examples >= 0, "--selection-examples must be at least 0 (0 = all), found ",
              opt.selection_examples);
@@ -344,6 +346,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"kl_max_iters", opt.kl_max_iters},
               {"kl_cache_mb", opt.kl_cache_mb},
               {"attention_iters", opt.attention_iters},
+              {"attention_patience", opt.attention_patience},
               {"float64", opt.float64},
               {"targets", targets_name(opt.targets)},
               {"skip_bad_examples", opt.skip_bad_examples}};
@@ -531,6 +534,7 @@ std::optional<RefitRecord> refit_layer(const LayerRun& r, const Statistics& st, 
   } else if (opt.fit == FitKind::kAttention && closures >= 1) {
     AttnFitOptions ao;
     ao.max_iters = opt.attention_iters;
+    ao.patience = opt.attention_patience;
     refit_common(ao, opt, r.comm, st);
     auto af = fit_attention(r.stream, r.sh, r.s, r.theta, f.family, f.coef, closures, is_held, ao);
     cl.coef = af.coef;

@@ -335,6 +335,7 @@ void to_json(json& j, const AttnRefitRecord& r) {
   j = json{{"closures", r.closures},
            {"iterations", r.iterations},
            {"best_iteration", r.best_iteration},
+           {"stopped", r.stopped},
            {"train_objective_ls", r.train_objective_ls},
            {"train_objective", r.train_objective},
            {"heldout_objective_ls", r.heldout_objective_ls},
@@ -347,6 +348,7 @@ void from_json(const json& j, AttnRefitRecord& r) {
   r.closures = get<int>(j, w, "closures");
   r.iterations = get<int>(j, w, "iterations");
   r.best_iteration = get<int>(j, w, "best_iteration");
+  r.stopped = j.contains("stopped") ? get<std::string>(j, w, "stopped") : std::string();
   r.train_objective_ls = num(j, w, "train_objective_ls");
   r.train_objective = num(j, w, "train_objective");
   r.heldout_objective_ls = num(j, w, "heldout_objective_ls");
