@@ -24,7 +24,7 @@ teacher (share of test examples with the teacher's predicted class):
 * the teacher's Sinkhorn loop with reduced budgets T' = 1 .. T-1 (T' = 1 is
   plain softmax attention).
 
-With --verify-json (asapc verify --json of the LS artifact) the JSON also
+With --verify-json (asapc verify --json of the default artifact) the JSON also
 holds, per layer, the attention relative error and latency of ASAP and of
 each reduced budget, for the "closer than Sinkhorn at equal latency" table.
 """
@@ -131,7 +131,7 @@ def passes_of(art, k=None):
 
 
 def verify_layers(path):
-    """Per-layer fidelity of the LS artifact from `asapc verify --json`."""
+    """Per-layer fidelity of the default artifact from `asapc verify --json`."""
     with open(path) as fh:
         d = json.load(fh)
     out = []
@@ -382,7 +382,7 @@ def teacher_title(r):
 
 
 def compiled_variant(r):
-    """The compiled model the targets are about: every layer's stored operator (LS fit)."""
+    """The compiled model the targets are about: every layer's stored operator (the default fit)."""
     return next(v for v in r["variants"] if v["kind"] in ("asap", "compiled") and v.get("default"))
 
 
@@ -549,7 +549,7 @@ def passes_figure(results):
     fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.8), squeeze=False)
     for ax, r in zip(axes[0], results):
         xs_all, ys_all = [r["T"]], [100.0]
-        for kind, style, name in (("sinkhorn", "o-", "Sinkhorn T'"), ("asap", "s-", "ASAP (LS), k"),
+        for kind, style, name in (("sinkhorn", "o-", "Sinkhorn T'"), ("asap", "s-", "ASAP (default fit), k"),
                                   ("asap-kl", "D", "ASAP-KL"), ("compiled", "P", "compiled default")):
             pts = finite_points([(max(int(p) for p in v["passes"].split("/")), v["agreement"], v)
                                  for v in r["variants"] if v["kind"] == kind])
@@ -671,7 +671,8 @@ def curve_section(r, image=None):
          "One artifact per `asapc compile --min-speedup S --guard 0` (the budget's own choice, "
          "however far from the teacher; `1.25` is the default artifact above, fidelity guard "
          "included) and `--objective fidelity` (the most "
-         "accurate map within T − 2 passes whatever its speed), each verified by `asapc verify` on "
+         "accurate map within T − 2 passes whatever its speed), with compile's default attention "
+         "refit (`+ls`: `--fit ls`, its LS coefficients without the refit), each verified by `asapc verify` on "
          "the held-out file; the compiled model (each layer's stored operator) evaluated on the "
          "%d test examples. *Speed-up* is the slowest layer's, teacher latency over the stored "
          "operator's in the same verify run. Sinkhorn T' rows take their speed-ups from the first "
@@ -739,7 +740,8 @@ def report(a):
             results[0]["threads"], "" if results[0]["threads"] == 1 else "s"),
          "",
          "Each teacher's attention layers are replaced, in the full model, by: the compiled model "
-         "(each layer's stored operator, chosen by `asapc compile` under one latency budget for "
+         "(each layer's stored operator, chosen by `asapc compile` with its defaults under one "
+         "latency budget for "
          "the model: the layers' summed latency at least 1.25x below the fused teachers' on this "
          "machine, the error spent where it costs least; an ASAP map, or plain Sinkhorn T' where "
          "no map beats it); when every layer stores an ASAP map, the ASAP "
@@ -765,7 +767,7 @@ def report(a):
     for miss in a.missing:
         L.append("- not evaluated: %s" % miss)
     L.append("")
-    L.append("Targets are checked on the compiled default operator of the LS artifact "
+    L.append("Targets are checked on the compiled default operator of the default artifact "
              "(what `asapc compile` picks); the other rows show the alternatives.")
     L.append("")
     L += ["![agreement with the teacher vs log-sum-exp passes](images/%s)" % os.path.basename(png), ""]
@@ -785,7 +787,7 @@ def report(a):
             return "`%s` %s%s, default k = %d" % (l["name"], l["family"],
                                                   "/head" if l["per_head"] else "/pool",
                                                   l["default_closures"])
-        L.append("Compiled layers (LS): " + "; ".join(stored(l) for l in r["artifact"]["layers"]) + ".")
+        L.append("Compiled layers (default, `--fit attention`): " + "; ".join(stored(l) for l in r["artifact"]["layers"]) + ".")
         if r.get("kl_artifact"):
             L.append("KL: " + "; ".join(stored(l) for l in r["kl_artifact"]["layers"]) + ".")
         L.append("")
@@ -835,9 +837,9 @@ def main(argv=None):
     r = sub.add_parser("run", help="evaluate one teacher -> JSON")
     r.add_argument("--name", required=True)
     r.add_argument("--teacher", required=True, help="checkpoint written by train_teachers.py")
-    r.add_argument("--artifact", required=True, help="LS artifact")
+    r.add_argument("--artifact", required=True, help="the default artifact (asapc compile without --fit)")
     r.add_argument("--kl-artifact", help="artifact compiled with --fit kl")
-    r.add_argument("--verify-json", help="asapc verify --json output of the LS artifact")
+    r.add_argument("--verify-json", help="asapc verify --json output of the default artifact")
     r.add_argument("--curve-json", help="output of `evaluate.py curve` to include")
     r.add_argument("--max-closures", type=int, default=4,
                    help="ASAP with k = 1..N closures (and the compiled default k in any case)")

@@ -30,10 +30,11 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=out/eval
 TRAIN=0 FORCE=0 QUICK=0 CURVE=1 THREADS=2 ONLY=""
 # --min-speedup targets of the curve (1.25, the default, is the main artifact);
-# "fidelity" = --objective fidelity; a "+attention" suffix adds --fit attention,
+# "fidelity" = --objective fidelity; a "+ls" suffix adds --fit ls (LS coefficients
+# without the default attention refit),
 # a "+layer" suffix --budget layer (each layer on its own, the rule before the
 # model budget)
-CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+attention 1.1 1.2 1.25+layer 1.25+attention 1.33 1.5 2"}
+CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+ls 1.1 1.2 1.25+layer 1.25+ls 1.33 1.5 2"}
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) TRAIN=1 ;;
@@ -96,33 +97,34 @@ for entry in $TEACHERS; do
     MISSING+=("--missing" "$name: missing$absent")
     continue
   fi
-  ls_art="$OUT/$stem.asap.h5" kl_art="$OUT/$stem.kl.asap.h5" ver="$OUT/$stem.verify.json"
-  for fit in ls kl; do
-    art=$ls_art; [ "$fit" = kl ] && art=$kl_art
+  # the default artifact (asapc compile's own defaults: --fit attention) and --fit kl
+  def_art="$OUT/$stem.asap.h5" kl_art="$OUT/$stem.kl.asap.h5" ver="$OUT/$stem.verify.json"
+  for fit in default kl; do
+    art=$def_art how=(); [ "$fit" = kl ] && art=$kl_art how=(--fit kl)
     if stale "$art" "${files[@]}" "$ASAPC"; then
       echo "== $name: compiling ($fit) -> $art"
       "$ASAPC" compile "$base.pt" --spec "$base.spec.json" --calib "$base.calib.h5" -o "$art" \
-        --fit "$fit" --no-report -q --threads "$THREADS" | tee "$OUT/$stem.$fit.compile.log"
+        "${how[@]}" --no-report -q --threads "$THREADS" | tee "$OUT/$stem.$fit.compile.log"
     fi
   done
-  if stale "$ver" "$ls_art"; then
+  if stale "$ver" "$def_art"; then
     echo "== $name: asapc verify -> $ver"
-    "$ASAPC" verify "$base.pt" --artifact "$ls_art" --data "$base.heldout.h5" -q \
+    "$ASAPC" verify "$base.pt" --artifact "$def_art" --data "$base.heldout.h5" -q \
       --threads "$THREADS" --report "$OUT/$stem.verify.html" --json-out "$ver"
   fi
   extra=() res="$OUT/$name.eval.json" limit=()
   if [ "$QUICK" = 1 ]; then limit=(--max-examples 1000); res="$OUT/$name.quick.eval.json"; fi
   extra+=("${limit[@]}")
   if [ "$CURVE" = 1 ]; then
-    points=("1.25=$ls_art=$ver")
+    points=("1.25=$def_art=$ver")
     for target in $CURVE_TARGETS; do
       art="$OUT/$stem.curve-$target.asap.h5" cver="$OUT/$stem.curve-$target.verify.json"
-      goal=${target%+attention} how=()
+      goal=${target%+ls} how=()
       goal=${goal%+layer}
       # the budget's own choice at each target: --guard 0 (the default's
       # fidelity guard would replace a choice far from the teacher)
       if [ "$goal" = fidelity ]; then how=(--objective fidelity); else how=(--min-speedup "$goal" --guard 0); fi
-      case "$target" in *+attention) how+=(--fit attention) ;; esac
+      case "$target" in *+ls) how+=(--fit ls) ;; esac
       case "$target" in *+layer) how+=(--budget layer) ;; esac
       if stale "$art" "${files[@]}" "$ASAPC"; then
         echo "== $name: curve: compiling ${how[*]} -> $art"
@@ -143,7 +145,7 @@ for entry in $TEACHERS; do
     extra+=(--curve-json "$cjson")
   fi
   echo "== $name: evaluating on the test split"
-  "$PYTHON" tools/train/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$ls_art" \
+  "$PYTHON" tools/train/evaluate.py run --name "$name" --teacher "$base.pt" --artifact "$def_art" \
     --kl-artifact "$kl_art" --verify-json "$ver" --threads "$THREADS" -o "$res" "${extra[@]}"
   RESULTS+=("$res")
 done
