@@ -147,6 +147,36 @@ def dist_timeout_is_at_most_a_week():
             in line, line
 
 
+@test
+def tuning_environment_variables_refuse_bad_values():
+    """The fast kernels' environment variables (docs/performance.md) are read
+    strictly: a value they do not take is one sentence naming the variable,
+    exit 2, not a silent default (ASAP_FAST_WORKSPACE_MB=abc once meant a
+    budget of 0). The sort variables are read where slices are sorted, which
+    asap_bench's 16-slice map does."""
+    art = os.path.join(TMP, "env.asap.h5")
+    p = subprocess.run(without(COMPILE[:7] + ["-o", art] + COMPILE[9:], "--fit") + ["--fit", "ls"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    verify = [a if a != os.path.join(TMP, "a.asap.h5") else art for a in VERIFY]
+    for name, value, expected in (("ASAP_FAST_WORKSPACE_MB", "abc", "expected a number of MiB, 0 or more"),
+                                  ("ASAP_FAST_WORKSPACE_MB", "-1", "expected a number of MiB, 0 or more"),
+                                  ("ASAP_FAST_ISA", "sse9", "instruction set 'sse9' is not available here")):
+        env = dict(os.environ, **{name: value})
+        line = one_sentence(subprocess.run(verify, capture_output=True, text=True, env=env))
+        assert "environment variable %s: %s" % (name, expected) in line and value in line, line
+    ok = subprocess.run(verify, capture_output=True, text=True, env=dict(os.environ, ASAP_FAST_WORKSPACE_MB="0.5"))
+    assert ok.returncode == 0, ok.stderr
+    bench = [os.path.join(os.path.dirname(ASAPC), "tools", "asap_bench"), "--n", "64", "--bh", "1x1", "--slices", "16",
+             "--k", "1", "--reps", "1", "--no-mem", "--only", "asap"]
+    for name, value, expected in (("ASAP_FAST_SORT", "fast", "expected auto, scalar or network, found 'fast'"),
+                                  ("ASAP_FAST_SORT_NETWORK_MAX", "1.5", "expected a whole number of keys, 0 or more")):
+        r = subprocess.run(bench, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, ASAP_BENCH_REEXEC="1", **{name: value}))
+        assert r.returncode != 0 and "environment variable %s: %s" % (name, expected) in r.stderr, (r.returncode,
+                                                                                                  r.stderr[-400:])
+
+
 def alpha_table(asap_extra):
     """A --latency-table for --features alpha --heads-mode pooled (T = 6):
     the teacher 6 s, Sinkhorn T' T' s, the alpha map with k closures k + extra."""

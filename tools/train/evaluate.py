@@ -787,7 +787,8 @@ def report(a):
             return "`%s` %s%s, default k = %d" % (l["name"], l["family"],
                                                   "/head" if l["per_head"] else "/pool",
                                                   l["default_closures"])
-        L.append("Compiled layers (default, `--fit attention`): " + "; ".join(stored(l) for l in r["artifact"]["layers"]) + ".")
+        L.append("Compiled layers (default, `--fit attention`): "
+                 + "; ".join(stored(l) for l in r["artifact"]["layers"]) + ".")
         if r.get("kl_artifact"):
             L.append("KL: " + "; ".join(stored(l) for l in r["kl_artifact"]["layers"]) + ".")
         L.append("")

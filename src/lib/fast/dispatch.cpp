@@ -61,9 +61,10 @@ std::vector<std::string> available_isas() {
 
 std::string isa_for(const Tuning& tuning) {
   std::string want = tuning.isa;
+  const char* from = "fast kernels";
   if (want.empty()) {
     const char* env = std::getenv("ASAP_FAST_ISA");
-    if (env && *env) want = env;
+    if (env && *env) want = env, from = "environment variable ASAP_FAST_ISA";
   }
   const auto have = available_isas();
   if (want.empty()) return have.back();
@@ -71,7 +72,7 @@ std::string isa_for(const Tuning& tuning) {
     if (h == want) return want;
   std::string list;
   for (const auto& h : have) list += (list.empty() ? "" : ", ") + h;
-  throw Error(str("fast kernels: instruction set '", want, "' is not available here (available: ", list, ")"));
+  throw Error(str(from, ": instruction set '", want, "' is not available here (available: ", list, ")"));
 }
 
 namespace detail {

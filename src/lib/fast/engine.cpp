@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "util/env.h"
 #include "util/potential.h"
 
 namespace asap {
@@ -91,8 +92,8 @@ Choice choose(int64_t heads, int64_t n, int64_t elem_bytes, int64_t panel, const
     // The environment is read once: getenv walks it on every call, a visible
     // share of a call of one head at n = 17.
     static const int64_t env_budget = [] {
-      const char* env = std::getenv("ASAP_FAST_WORKSPACE_MB");
-      return (env && *env) ? static_cast<int64_t>(std::atof(env) * 1048576.0) : (int64_t(256) << 20);
+      const auto mb = env_number("ASAP_FAST_WORKSPACE_MB", 0, false, "a number of MiB, 0 or more");
+      return mb ? static_cast<int64_t>(std::min(*mb, 1e12) * 1048576.0) : (int64_t(256) << 20);
     }();
     budget = env_budget;
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "asap/error.h"
+#include "util/env.h"
 
 namespace asap {
 namespace fast {
@@ -53,7 +54,7 @@ int sort_path_from_env() {
   if (!e || !*e || !std::strcmp(e, "auto")) return static_cast<int>(SortPath::kAuto);
   if (!std::strcmp(e, "scalar")) return static_cast<int>(SortPath::kScalar);
   if (!std::strcmp(e, "network")) return static_cast<int>(SortPath::kNetwork);
-  throw Error(std::string("ASAP_FAST_SORT: expected auto, scalar or network, found '") + e + "'");
+  throw Error(std::string("environment variable ASAP_FAST_SORT: expected auto, scalar or network, found '") + e + "'");
 }
 
 std::atomic<int>& path_state() {
@@ -86,8 +87,8 @@ void set_sort_path(SortPath p) { path_state().store(static_cast<int>(p), std::me
 
 bool use_network(const char* isa, bool f64, int64_t L, int64_t m) {
   static const int64_t forced = [] {
-    const char* e = std::getenv("ASAP_FAST_SORT_NETWORK_MAX");
-    return (e && *e) ? std::atoll(e) : int64_t(-1);
+    const auto m = env_number("ASAP_FAST_SORT_NETWORK_MAX", 0, true, "a whole number of keys, 0 or more");
+    return m ? static_cast<int64_t>(std::min(*m, 1e15)) : int64_t(-1);
   }();
   if (forced >= 0) return m <= forced;
   if (L <= 0 || m <= 0) return false;
