@@ -746,6 +746,23 @@ TEST_CASE("compile: --fit attention refines the chosen map and never ends worse 
   CHECK(ls_art == doctest::Approx(e_ls).epsilon(1e-4));
 }
 
+TEST_CASE("compile: without enough held-out examples to check it, the default attention refit keeps LS and says so") {
+  TempDir dir;
+  write_vit_calib(dir / "calib.h5", 12, 4);  // about 2 held-out examples, fewer than min_heldout
+  asap::write_spec(dir / "spec.json", vit_spec(6));
+  asap::CompileOptions o;  // the default fit: the attention refit
+  o.slice_bank = 8;
+  o.layers = {"transformer.layers.0.0.fn"};
+  auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  const nlohmann::json L = summary_json(r)["layers"][0];
+  REQUIRE(L.contains("attention_fit"));
+  CHECK(L["attention_fit"]["skipped"].get<std::string>().find("to check the refit against, so the LS coefficients "
+                                                              "are kept") != std::string::npos);
+  o.fit = asap::FitKind::kLs;
+  auto ls = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
+  CHECK(at::equal(r.artifact.layers[0].coef, ls.artifact.layers[0].coef));
+}
+
 TEST_CASE("compile: refuses T = 1, a layer missing from the calibration file, a width mismatch, NaN") {
   TempDir dir;
   write_vit_calib(dir / "calib.h5", 12, 5);

@@ -531,6 +531,11 @@ std::optional<RefitRecord> refit_layer(const LayerRun& r, const Statistics& st, 
     auto kl = fit_kl(r.stream, r.sh, r.s, r.theta, f.family, f.cand.per_head, f.coef, is_held, ko);
     cl.coef = kl.coef;
     rec.kl = kl.diagnostics;
+  } else if (opt.fit == FitKind::kAttention && closures >= 1 && !can_select) {
+    // Without held-out data nothing could stop the refit or check it against LS.
+    rec.skipped = str("only ", st.n_held, " held-out examples (fewer than ", opt.min_heldout,
+                      ") to check the refit against, so the LS coefficients are kept");
+    return rec;
   } else if (opt.fit == FitKind::kAttention && closures >= 1) {
     AttnFitOptions ao;
     ao.max_iters = opt.attention_iters;
