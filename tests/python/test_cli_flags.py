@@ -175,9 +175,14 @@ def the_default_fit_is_the_attention_refit_and_fit_ls_skips_it():
     assert "attention_fit" not in ls, sorted(ls)
     assert d["chosen"]["candidate"] == ls["chosen"]["candidate"], (d["chosen"], ls["chosen"])
     assert d["chosen"]["closures"] == ls["chosen"]["closures"]
-    # --attention-patience 1 stops no later than the default's patience of 3.
+    # Patience counts held-out checks (one every 5 iterations) after the best one:
+    # the default's 3, and --attention-patience 1.
+    if af["stopped"].startswith("no better"):
+        assert "in 3 checks" in af["stopped"] and af["iterations"] == af["best_iteration"] + 15, af
     p1 = compile_json(os.path.join(TMP, "fit-p1.asap.h5"), "--attention-patience", "1", *layer)["layers"][0]
-    assert p1["attention_fit"]["iterations"] <= af["iterations"], (p1["attention_fit"], af)
+    a1 = p1["attention_fit"]
+    assert a1["stopped"] == "no better held-out objective in 1 checks (5 iterations)", a1
+    assert a1["iterations"] == a1["best_iteration"] + 5 and a1["iterations"] <= af["iterations"], (a1, af)
 
 
 if __name__ == "__main__":

@@ -224,14 +224,13 @@ AttnFit refine_attention(const AttnSource& train, const AttnSource* held, const 
     if (opt.progress) opt.progress({layer, "attention", it, opt.max_iters});
     if (opt.patience > 0 && stale >= opt.patience) {
       stopped = str("no better held-out objective in ", stale, " checks (", stale * opt.check_every, " iterations)");
-      ++it;  // this iteration ran
       break;
     }
   }
   if (!held) best = x.clone(), best_iter = it - 1;
   AttnRefitRecord diag;
   diag.closures = k;
-  diag.iterations = it - 1;
+  diag.iterations = static_cast<int>(history.size()) - 1;  // the iterations that ran (history[0] is the start)
   diag.best_iteration = best_iter;
   diag.stopped = stopped;
   diag.train_objective_ls = f0;
