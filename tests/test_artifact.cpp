@@ -273,7 +273,7 @@ TEST_CASE("artifact: corrupt - future version") {
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 7, where_of(path)); });
-  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 4");
+  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 5");
 }
 
 TEST_CASE("artifact: corrupt - missing coef dataset") {
@@ -399,9 +399,10 @@ TEST_CASE("artifact: corrupt - unknown feature group is refused") {
   edit_file(path, [&](H5::H5File& f) {
     h5::write_string_list_attr(f.openGroup("/layers/0000"), "features", {"sliced_potential", "cosine"}, where_of(path));
   });
-  CHECK(read_error(path) == "artifact '" + path +
-                                "': layer 'blocks.0.attn' (/layers/0000): attribute 'features' names unknown feature "
-                                "group 'cosine' (known: sliced_potential, alpha, softmax_dual, sinkhorn_dual3)");
+  CHECK(read_error(path) ==
+        "artifact '" + path +
+            "': layer 'blocks.0.attn' (/layers/0000): attribute 'features' names unknown feature "
+            "group 'cosine' (known: sliced_potential, alpha, softmax_dual, sinkhorn_dual3, score_stats)");
 }
 
 TEST_CASE("artifact: corrupt - non-finite theta and wrong weight shapes") {
@@ -518,15 +519,37 @@ TEST_CASE("artifact: the sinkhorn_dual3 group round trips as format version 2 an
         std::string::npos);
 }
 
+TEST_CASE("artifact: the score_stats group round trips as format version 5 and is refused in version 4") {
+  TempDir tmp;
+  const std::string path = tmp.file("a.h5");
+  asap::Artifact art = sample_artifact();
+  auto& L = art.layers[0];
+  L.family.score_stats = true;
+  L.coef = at::randn({L.coef.size(0), L.family.num_columns()}, at::kDouble);
+  asap::write_artifact(path, art);
+  {
+    H5::H5File f(path, H5F_ACC_RDONLY);
+    CHECK(h5::read_string_list_attr(f.openGroup("/layers/0000"), "features", where_of(path)) ==
+          std::vector<std::string>{"sliced_potential", "alpha", "softmax_dual", "score_stats"});
+  }
+  auto back = asap::read_artifact(path);
+  CHECK(back.format_version == 5);
+  CHECK(back.layers[0].family == L.family);
+  CHECK(back.layers[0].family.name() == "L5+alpha+softmax+stats");
+  edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 4, where_of(path)); });
+  CHECK(read_error(path).find("feature group 'score_stats' needs format_version 5, but the file says 4") !=
+        std::string::npos);
+}
+
 TEST_CASE("artifact: every feature family, pooled and per head, round trips and computes the same operator") {
   TempDir tmp;
-  for (int fam = 0; fam < 4; ++fam)
+  for (int fam = 0; fam < 5; ++fam)
     for (bool per_head : {false, true}) {
       CAPTURE(fam);
       CAPTURE(per_head);
       asap::Artifact art = sample_artifact();
-      auto& L = art.layers[1];                                          // the q/k/v layer without weights
-      L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3};  // the bank holds 2 slices
+      auto& L = art.layers[1];                                                    // the q/k/v layer without weights
+      L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3, fam >= 4};  // the bank holds 2 slices
       L.per_head = per_head;
       L.coef = at::randn({per_head ? L.spec.heads : 1, L.family.num_columns()}, at::kDouble);
       const std::string path = tmp.file("f" + std::to_string(fam) + (per_head ? "h" : "p") + ".h5");
@@ -535,7 +558,7 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       const auto& B = back.layers[1];
       CHECK(B.family == L.family);
       CHECK(B.per_head == per_head);
-      CHECK(back.format_version == 4);
+      CHECK(back.format_version == (fam >= 4 ? 5 : 4));
       at::manual_seed(5);
       auto q = at::randn({2, L.spec.heads, 9, L.spec.head_dim}), k = at::randn({2, L.spec.heads, 9, L.spec.head_dim});
       auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});

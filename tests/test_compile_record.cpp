@@ -175,6 +175,10 @@ asap::CompileResult compile_bundled_vit(const json& recorded, asap::BudgetScope 
   asap::CompileOptions o;
   o.latency = asap::latency_table_from_file(dir / "lat.json");
   o.budget = b;
+  // The families of the recording (the score_stats families came later and
+  // have no latency in its table).
+  for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
+    for (bool ph : {false, true}) o.candidates.push_back({f, ph});
   if (adjust) adjust(o);
   return asap::compile_teacher(root + "/calib_data/vit_mnist_t6.pt", root + "/calib_data/vit_mnist_t6.spec.json",
                                root + "/calib_data/vit_mnist_t6.calib.h5", o);
@@ -601,6 +605,7 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   const std::string cmd = std::string(ASAPC_EXE) + " compile " + root + "/calib_data/vit_mnist_t6.pt --spec " + root +
                           "/calib_data/vit_mnist_t6.spec.json --calib " + root +
                           "/calib_data/vit_mnist_t6.calib.h5 --no-report --latency-noise 0 --min-speedup 1.8" +
+                          " --features slices,slices+alpha,slices+alpha+softmax,slices+alpha+softmax+sinkhorn3" +
                           " --latency-table " + dir / "lat.json" + " --guard 0.3 -o " + dir / "a.h5";
   std::string out;
   CHECK(run_cmd(cmd, &out) == 0);

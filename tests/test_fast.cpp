@@ -193,8 +193,8 @@ TEST_CASE("fast: map_tail is the slice-free map's dual and centered phi on every
         const double* p1 = (terms & 1) ? f1.data() : nullptr;
         const double* p3 = (terms & 2) ? f3.data() : nullptr;
         const double ca = 0.75, b1 = -0.5, b3 = 1.25, inv_eps = 2.0;
-        K.map_tail(n, alpha.data(), p1, p3, ca, b1, b3, inv_eps, x.data(), phi.data(), f.data());
-        K.map_tail(n, alpha.data(), p1, p3, ca, b1, b3, inv_eps, x.data(), nullptr, f_only.data());
+        K.map_tail(n, alpha.data(), p1, p3, nullptr, ca, b1, b3, inv_eps, x.data(), phi.data(), f.data());
+        K.map_tail(n, alpha.data(), p1, p3, nullptr, ca, b1, b3, inv_eps, x.data(), nullptr, f_only.data());
         std::vector<double> want(n);
         double mean = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -865,13 +865,16 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
 
 TEST_CASE("fast: features match the reference (families, masks, ties)") {
   at::manual_seed(23);
-  std::vector<asap::FeatureFamily> fams(6);
+  std::vector<asap::FeatureFamily> fams(8);
   fams[0].slices = 16;
   fams[1].slices = 16, fams[1].alpha = true;
   fams[2].slices = 16, fams[2].alpha = true, fams[2].softmax_dual = true;
   fams[3].alpha = true, fams[3].softmax_dual = true;
   fams[4].slices = 16, fams[4].alpha = true, fams[4].softmax_dual = true, fams[4].sinkhorn_dual3 = true;
   fams[5].sinkhorn_dual3 = true;
+  fams[6].score_stats = true;  // the row score statistics alone, and with everything else
+  fams[7].slices = 16, fams[7].alpha = true, fams[7].softmax_dual = true, fams[7].sinkhorn_dual3 = true;
+  fams[7].score_stats = true;
   const int64_t d = 6;
   auto bank = asap::make_slice_bank(d, 16, 99);
   // Axis-aligned slices on integer data: exact ties in every projection.
@@ -949,7 +952,7 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   at::manual_seed(41 + seed_base);
   // With slices, and slice-free (alpha, the softmax dual and the teacher's
   // dual after three steps taken from the passes the call runs anyway).
-  std::vector<asap::FeatureFamily> fams(7);
+  std::vector<asap::FeatureFamily> fams(10);
   fams[0].slices = 12;
   fams[1].slices = 24, fams[1].alpha = true;
   fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
@@ -957,6 +960,10 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   fams[4].alpha = true;
   fams[5].alpha = true, fams[5].softmax_dual = true;
   fams[6].alpha = true, fams[6].softmax_dual = true, fams[6].sinkhorn_dual3 = true;
+  // The row score statistics (score_stats): slice-free and with slices.
+  fams[7].alpha = true, fams[7].score_stats = true;
+  fams[8].alpha = true, fams[8].softmax_dual = true, fams[8].sinkhorn_dual3 = true, fams[8].score_stats = true;
+  fams[9].slices = 8, fams[9].alpha = true, fams[9].score_stats = true;
   int seed = seed_base;
   {
     for (int64_t n : {1, 2, 16, 17, 33, 64, 130}) {

@@ -189,3 +189,52 @@ TEST_CASE("features: the sinkhorn3 column is the teacher's own dual after three 
   CHECK(fam.feature_passes() == 3);
   CHECK(asap::FeatureFamily{0, false, true, false}.feature_passes() == 1);
 }
+
+TEST_CASE("features: the score_stats columns are each row's max, mean and standard deviation over the active keys") {
+  at::manual_seed(17);
+  const int64_t n = 9, B = 2, H = 2;
+  auto q = at::randn({B, H, n, 4}, at::kDouble), k = at::randn({B, H, n, 4}, at::kDouble);
+  auto mask = at::ones({B, n}, at::kBool);
+  mask[0].slice(0, 6).fill_(false);  // sequence 0: keys 0..5; sequence 1: all 9
+  const double s = 0.7, eps = 0.6;
+  for (bool drop : {false, true}) {
+    CAPTURE(drop);
+    auto m = asap::log_marginals(mask, B, n, drop, at::kDouble, at::kCPU);
+    asap::FeatureFamily fam;
+    fam.alpha = true, fam.score_stats = true;
+    REQUIRE(fam.num_columns() == 4);
+    CHECK(fam.feature_passes() == 0);  // no log-sum-exp pass
+    CHECK(fam.name() == "alpha+stats");
+    auto Psi = asap::build_features(q, k, m, asap::make_slice_bank(4, 1, 1), fam, s, eps);
+    REQUIRE(Psi.size(-1) == 4);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t keys = b == 0 ? 6 : n;
+        const int64_t rows = drop ? keys : n;  // rows that carry mass
+        std::vector<double> stat[3];
+        for (int64_t i = 0; i < n; ++i) {
+          double mx = -1e300, sum = 0, sq = 0;
+          for (int64_t j = 0; j < keys; ++j) {
+            const double x = s * q[b][h][i].dot(k[b][h][j]).item<double>();
+            mx = std::max(mx, x), sum += x;
+          }
+          const double mean = sum / keys;
+          for (int64_t j = 0; j < keys; ++j) {
+            const double x = s * q[b][h][i].dot(k[b][h][j]).item<double>();
+            sq += (x - mean) * (x - mean);
+          }
+          stat[0].push_back(mx), stat[1].push_back(mean), stat[2].push_back(std::sqrt(sq / keys));
+        }
+        for (int c = 0; c < 3; ++c) {
+          double mu = 0;
+          for (int64_t i = 0; i < rows; ++i) mu += stat[c][i] / rows;
+          for (int64_t i = 0; i < n; ++i) {
+            CAPTURE(c);
+            CAPTURE(i);
+            const double want = i < rows ? stat[c][i] - mu : 0.0;  // 0 on rows without mass
+            CHECK(Psi[b][h][i][1 + c].item<double>() == doctest::Approx(want).epsilon(1e-12).scale(1.0));
+          }
+        }
+      }
+  }
+}

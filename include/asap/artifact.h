@@ -36,7 +36,11 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 //        of versions 1-3 hold variable-length strings and are refused with
 //        how to convert them (tools/h5_fixed_strings.py) or compile again;
 //        see docs/decisions.md.
-constexpr int kArtifactVersion = 4;
+//   5 -- feature group "score_stats" (three columns: the max, mean and
+//        standard deviation of each query row's scores). Files without it
+//        are written as version 4, so readers of version 4 still read them.
+constexpr int kArtifactVersion = 5;
+constexpr int kArtifactScoreStatsSince = 5;
 constexpr int kArtifactFixedStringsSince = 4;
 constexpr int kArtifactOldestReadable = 1;
 

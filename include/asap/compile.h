@@ -33,10 +33,19 @@ class Communicator;
 // One candidate operator: a feature family and whether coefficients are per head.
 struct Candidate {
   // "slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"
-  // (slice prefixes from 0), or "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3" (no slices)
+  // (slice prefixes from 0), or "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3" (no slices);
+  // every family with alpha may end in "+stats" (the score_stats columns).
   std::string features;
   bool per_head = false;
 };
+
+// The candidate families of a compile that names none (each pooled and per head).
+inline constexpr const char* kDefaultFeatureFamilies[] = {"slices",
+                                                          "slices+alpha",
+                                                          "slices+alpha+softmax",
+                                                          "slices+alpha+softmax+sinkhorn3",
+                                                          "slices+alpha+stats",
+                                                          "slices+alpha+softmax+sinkhorn3+stats"};
 
 // An operator compile can choose, as far as its latency is concerned
 // (coefficients and pooling do not change the time).

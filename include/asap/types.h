@@ -38,7 +38,8 @@ struct TeacherResult {
 // ---- a compiled layer ------------------------------------------------------
 
 // Which columns the feature matrix Psi holds, in this fixed order:
-//   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 ].
+//   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 |
+//     score_stats (row max, row mean, row standard deviation) ].
 // Every column is centered over the mass-carrying query rows.
 struct FeatureFamily {
   int64_t slices = 0;           // sliced Kantorovich potentials (asap-math.md section 4)
@@ -46,13 +47,18 @@ struct FeatureFamily {
   bool softmax_dual = false;    // centered softmax dual f1 = row(0) + alpha (section 6b): 1 pass
   bool sinkhorn_dual3 = false;  // centered teacher dual after 3 steps, f3 = row(col(row(0))) + alpha:
                                 // 3 passes (f1 comes free on the way); format version 2
-  int64_t num_columns() const { return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0); }
+  bool score_stats = false;     // three columns: the max, mean and standard deviation of each query row's
+                                // scores S_ij = scale q_i.k_j over the active keys (docs/asap-math.md
+                                // section 6c): one sweep of the score tile, no exponential; format version 5
+  int64_t num_columns() const {
+    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0) + (score_stats ? 3 : 0);
+  }
   // Log-sum-exp passes the features cost before any closure.
   int feature_passes() const { return sinkhorn_dual3 ? 3 : softmax_dual ? 1 : 0; }
-  std::string name() const;  // e.g. "L64+alpha+softmax+sinkhorn3"
+  std::string name() const;  // e.g. "L64+alpha+softmax+sinkhorn3", "alpha+stats"
   bool operator==(const FeatureFamily& o) const {
     return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual &&
-           sinkhorn_dual3 == o.sinkhorn_dual3;
+           sinkhorn_dual3 == o.sinkhorn_dual3 && score_stats == o.score_stats;
   }
 };
 

@@ -10,7 +10,8 @@ Operator kinds (format_version 3, layer attribute ``operator``): "asap" (a
 predicted dual and closures; also when the attribute is absent), "sinkhorn"
 (the teacher's loop cut to ``sinkhorn_steps`` = T' < T half-steps) and
 "teacher" (the exact loop, T half-steps). The last two have no feature
-columns.
+columns. The feature group "score_stats" (three columns: the max, mean and
+standard deviation of each query row's scores) needs format_version 5.
 """
 import json
 import os
@@ -18,9 +19,11 @@ import os
 import numpy as np
 
 FORMAT = "asapc-artifact"
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 OPERATOR_KINDS = ("asap", "sinkhorn", "teacher")
-FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3")
+FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3", "score_stats")
+# the first format_version that may hold a feature group (the others: any)
+FEATURE_GROUP_SINCE = {"sinkhorn_dual3": 2, "score_stats": 5}
 
 
 class ArtifactError(ValueError):
@@ -42,11 +45,13 @@ class LayerParams:
     sinkhorn_steps (T' for 'sinkhorn', else 0), heads, head_dim, value_dim,
     d_model, score_scale, eps,
     T, mask ('keep_queries' | 'drop_queries'), multiply_by_n, slices, alpha,
-    softmax_dual, sinkhorn_dual3 (the feature family), per_head,
+    softmax_dual, sinkhorn_dual3, score_stats (the feature family), per_head,
     default_closures, theta (float64 numpy [head_dim, S]), coef (float64
     numpy [heads or 1, P]), weights (dict of numpy arrays wq, bq, ... or
     None), fit (dict).
     """
+
+    score_stats = False     # row max, mean and standard deviation of the scores: 3 columns
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -59,12 +64,13 @@ class LayerParams:
     def family_name(self):
         parts = ["L%d" % self.slices] if self.slices else []
         parts += [n for n, on in (("alpha", self.alpha), ("softmax", self.softmax_dual),
-                                  ("sinkhorn3", self.sinkhorn_dual3)) if on]
+                                  ("sinkhorn3", self.sinkhorn_dual3), ("stats", self.score_stats)) if on]
         return "+".join(parts) or "empty"
 
     @property
     def num_columns(self):
-        return self.slices + int(self.alpha) + int(self.softmax_dual) + int(self.sinkhorn_dual3)
+        return (self.slices + int(self.alpha) + int(self.softmax_dual) + int(self.sinkhorn_dual3)
+                + 3 * int(self.score_stats))
 
     @property
     def feature_passes(self):
@@ -142,6 +148,10 @@ def read_artifact(path):
                 unknown = [x for x in feats if x not in FEATURE_GROUPS]
                 if unknown:
                     raise ArtifactError("%s: unknown feature group(s) %s" % (where, unknown))
+                for x in feats:
+                    if version < FEATURE_GROUP_SINCE.get(x, 1):
+                        raise ArtifactError("%s: feature group '%s' needs format_version %d, but the "
+                                            "file says %d" % (where, x, FEATURE_GROUP_SINCE[x], version))
                 slices = int(a["slices"])
                 op = _s(a["operator"]) if "operator" in a else "asap"
                 if op not in OPERATOR_KINDS:
@@ -168,14 +178,15 @@ def read_artifact(path):
                 if "weights" in g:
                     weights = {k: np.asarray(g["weights"][k][()]) for k in g["weights"]}
                 p = LayerParams(
-                    name=_s(a["name"]), operator=op, sinkhorn_steps=steps, layout=_s(a["layout"]), heads=int(a["heads"]),
-                    head_dim=int(a["head_dim"]), value_dim=int(a["value_dim"]),
+                    name=_s(a["name"]), operator=op, sinkhorn_steps=steps, layout=_s(a["layout"]),
+                    heads=int(a["heads"]), head_dim=int(a["head_dim"]), value_dim=int(a["value_dim"]),
                     d_model=int(a["d_model"]), score_scale=float(a["score_scale"]),
                     eps=float(a["eps"]), T=int(a["T"]), mask=_s(a["mask"]),
                     multiply_by_n=bool(int(a["multiply_by_n"])), head_layout=_s(a["head_layout"]),
                     qkv_order=_s(a.get("qkv_order", "qkv")) or "qkv", artifact_path=path,
                     slices=slices, alpha="alpha" in feats, softmax_dual="softmax_dual" in feats,
-                    sinkhorn_dual3="sinkhorn_dual3" in feats, per_head=bool(int(a["per_head"])),
+                    sinkhorn_dual3="sinkhorn_dual3" in feats, score_stats="score_stats" in feats,
+                    per_head=bool(int(a["per_head"])),
                     default_closures=int(a["default_closures"]), theta=theta, coef=coef,
                     weights=weights, fit=fit)
             except KeyError as e:

@@ -1,4 +1,4 @@
-"""The compiled operator in plain PyTorch (asap-math.md sections 1-5, 6b).
+"""The compiled operator in plain PyTorch (asap-math.md sections 1-5, 6b, 6c).
 
 This mirrors the C++ reference path (src/lib/reference/{teacher,features,
 operator}.cpp) operation by operation, so that it agrees with the custom
@@ -99,7 +99,7 @@ def sinkhorn(q, k, v, key_mask=None, scale=None, eps=1.0, T=1, drop_queries=Fals
 
 
 # --------------------------------------------------------------------------
-# features (section 4 and 6b)
+# features (section 4, 6b and 6c)
 # --------------------------------------------------------------------------
 
 def sliced_potentials(q, k, m, theta, L, scale):
@@ -154,7 +154,7 @@ def sliced_potentials(q, k, m, theta, L, scale):
 
 def build_features(q, k, m, p, S=None):
     """Psi [B, H, n, P] of layer p (LayerParams), columns [slices | alpha |
-    softmax | sinkhorn3]."""
+    softmax | sinkhorn3 | stats (row max, row mean, row standard deviation)]."""
     cols = []
     theta = p.theta if torch.is_tensor(p.theta) else torch.from_numpy(p.theta)
     if p.slices > 0:
@@ -177,6 +177,18 @@ def build_features(q, k, m, p, S=None):
             cols.append(column(f1))
         if p.sinkhorn_dual3:
             cols.append(column(row_closure(Sx, col_closure(Sx, f1, m, p.eps), m, p.eps)))
+    if p.score_stats:
+        # Each query row's scores over the active keys (section 6c): max, mean
+        # and the standard deviation about the mean (two passes, 1/|J|).
+        Sx = S if S is not None else scores(q, k, p.score_scale)
+        key = m.key_active.unsqueeze(-2)                                  # [B, 1, 1, n]
+        count = m.key_active.sum(-1, keepdim=True).to(Sx.dtype)          # [B, 1, 1]
+        zero = torch.zeros((), dtype=Sx.dtype, device=Sx.device)
+        mx = Sx.masked_fill(~key, -INF).amax(-1)
+        mean = torch.where(key, Sx, zero).sum(-1) / count
+        dev = torch.where(key, Sx - mean.unsqueeze(-1), zero)
+        sd = ((dev * dev).sum(-1) / count).sqrt()
+        cols += [center_rows(c, m).unsqueeze(-1) for c in (mx, mean, sd)]
     if not cols:
         raise ValueError("layer '%s': the feature family has no columns" % p.name)
     return cols[0].contiguous() if len(cols) == 1 else torch.cat(cols, -1)

@@ -41,16 +41,22 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   ASAP_CHECK(heads == "auto" || heads == "pooled" || heads == "per-head",
              "--heads-mode must be auto, pooled or per-head, found '", heads, "'");
   std::vector<std::string> fs = features;
-  if (fs.empty()) fs = {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"};
+  if (fs.empty()) fs.assign(std::begin(asap::kDefaultFeatureFamilies), std::end(asap::kDefaultFeatureFamilies));
   std::vector<asap::Candidate> out;
   for (auto f : fs) {
     if (f == "paper") f = "slices";
-    if (f == "all") f = "slices+alpha+softmax+sinkhorn3";
+    if (f == "all") f = "slices+alpha+softmax+sinkhorn3+stats";
     static const char* known[] = {"slices", "slices+alpha",  "slices+alpha+softmax",   "slices+alpha+softmax+sinkhorn3",
                                   "alpha",  "alpha+softmax", "alpha+softmax+sinkhorn3"};
-    ASAP_CHECK(std::find(std::begin(known), std::end(known), f) != std::end(known),
+    std::string base = f;
+    const std::string stats = "+stats";
+    if (base.size() > stats.size() && base.compare(base.size() - stats.size(), std::string::npos, stats) == 0 &&
+        base.find("alpha") != std::string::npos)
+      base.resize(base.size() - stats.size());
+    ASAP_CHECK(std::find(std::begin(known), std::end(known), base) != std::end(known),
                "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
-               "slices+alpha+softmax+sinkhorn3 (alias all), alpha, alpha+softmax or alpha+softmax+sinkhorn3; found '",
+               "slices+alpha+softmax+sinkhorn3, alpha, alpha+softmax or alpha+softmax+sinkhorn3, each family with "
+               "alpha optionally followed by +stats (all = slices+alpha+softmax+sinkhorn3+stats); found '",
                f, "'");
     if (heads != "per-head") out.push_back({f, false});
     if (heads != "pooled") out.push_back({f, true});
@@ -184,8 +190,10 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--fixed-slices", o.fixed_slices, "use exactly this many slices (no selection)");
   c->add_option("--features", a->features,
                 "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, "
-                "slices+alpha+softmax+sinkhorn3 (all), alpha, alpha+softmax, alpha+softmax+sinkhorn3 (default: the "
-                "four slices+... families, slice prefixes from 0)")
+                "slices+alpha+softmax+sinkhorn3, alpha, alpha+softmax, alpha+softmax+sinkhorn3, any family with "
+                "alpha followed by +stats (the row score statistics), all = slices+alpha+softmax+sinkhorn3+stats "
+                "(default: slices, slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3, "
+                "slices+alpha+stats and slices+alpha+softmax+sinkhorn3+stats, slice prefixes from 0)")
       ->delimiter(',');
   c->add_option("--heads-mode", a->heads, "coefficients pooled, per-head, or auto (both candidates)")
       ->capture_default_str();

@@ -142,7 +142,31 @@ def heads_mode_and_features_restrict_the_candidates():
         assert layer["chosen"]["per_head"] is False
     s = compile_json(os.path.join(TMP, "h2.asap.h5"), "--heads-mode", "per-head", "--features", "all")
     for layer in s["layers"]:
-        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3" for c in layer["candidates"])
+        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3+stats" for c in layer["candidates"])
+
+
+@test
+def stats_families_are_default_candidates_and_refused_without_alpha():
+    """The score_stats families (docs/asap-math.md 6c) are among compile's
+    default candidates; --features takes +stats after a family with alpha
+    only, and a map that stores them reads back with its columns."""
+    s = compile_json(os.path.join(TMP, "st.asap.h5"), "--features", "alpha+stats", "--heads-mode", "per-head",
+                     "--no-zero-parameter")
+    for layer in s["layers"]:
+        assert {c["features"] for c in layer["candidates"]} == {"alpha+stats"}, layer["candidates"]
+        assert layer["chosen"]["family"] == "alpha+stats", layer["chosen"]
+    p = subprocess.run([ASAPC, "inspect", os.path.join(TMP, "st.asap.h5")], capture_output=True, text=True)
+    assert p.returncode == 0 and "alpha+stats" in p.stdout, (p.stdout, p.stderr)
+    default = compile_json(os.path.join(TMP, "d.asap.h5"), "--heads-mode", "pooled", "--fit", "ls")
+    for layer in default["layers"]:
+        fams = {c["features"] for c in layer["candidates"]}
+        assert {"slices+alpha+stats", "slices+alpha+softmax+sinkhorn3+stats"} <= fams, fams
+    for bad in ("slices+stats", "stats", "alpha+stats+stats", "alpha+softmax+stats+sinkhorn3"):
+        p = subprocess.run([ASAPC, "compile", NAME + ".pt", "-o", os.path.join(TMP, "bad.asap.h5"), *BASE,
+                            "--features", bad], capture_output=True, text=True)
+        assert p.returncode == 2, (bad, p.returncode, p.stderr)
+        assert "--features" in p.stderr and "'%s'" % bad in p.stderr, (bad, p.stderr)
+        assert not os.path.exists(os.path.join(TMP, "bad.asap.h5")), bad
 
 
 @test

@@ -11,7 +11,9 @@ hand, TorchScript, errors, the cache and threads; the operator kinds of
 format_version 3 ('sinkhorn', 'teacher' layers, written with h5py from the
 compiled artifacts) against the teacher's loop with T' or T half-steps; and
 the exact teacher without an artifact (torch.ops.asap.teacher,
-patch_model(exact=True)) against the unpatched Sinkformer-style models. The library is found as
+patch_model(exact=True)) against the unpatched Sinkformer-style models; and
+the score_stats feature columns (format_version 5) against a direct
+computation and across both backends. The library is found as
 asap_torch finds it ($ASAP_TORCH_OP, next to $ASAPC, build/src/torch_op/).
 A missing library fails the run unless ASAP_ALLOW_NO_TORCH_OP=1 (then the
 tests that need it are skipped and the fallback is still tested).
@@ -121,6 +123,25 @@ def artifacts():
     return _art
 
 
+def stats_artifacts():
+    """{'vit': path, 'text': path}: the fixtures compiled with only families
+    holding the score_stats columns (vit: all = L+alpha+softmax+sinkhorn3+stats,
+    text: alpha+stats), whatever asapc would choose by default."""
+    a = artifacts()
+    if "vit_stats" not in _art:
+        flags = asap_only_flags() + ["--no-report", "-q", "--threads", "1"]
+        vit = os.path.join(WORK, "vit_stats.asap.h5")
+        run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
+             os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", vit,
+             "--features", "all"] + flags)
+        text = os.path.join(WORK, "text_stats.asap.h5")
+        run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec",
+             os.path.join(WORK, "text.spec.json"), "--calib", a["text_calib"], "-o", text,
+             "--features", "alpha+stats"] + flags)
+        _art.update(vit_stats=vit, text_stats=text)
+    return {"vit": _art["vit_stats"], "text": _art["text_stats"]}
+
+
 def vit_model():
     model = sm.fixture_vit()
     sd = torch.load(os.path.join(FIXTURES, "vit_checkpoint.pt"), map_location="cpu")
@@ -203,14 +224,17 @@ def test_load_cache_and_info():
     assert list(torch.ops.asap.layers(h1)) == VIT
 
 
-def _compare_backends(kind, layers, dtype, masks):
+def _compare_backends(kind, layers, dtype, masks, path=None):
+    """Max |op - PyTorch| over layers, masks and k = 1..4 for the compiled
+    artifact of kind ('vit' | 'text'; path: another artifact of that kind)."""
     a = artifacts()
-    op = asap_torch.load_artifact(a[kind], backend="op")
-    pt = asap_torch.load_artifact(a[kind], backend="torch")
+    path = path or a[kind]
+    op = asap_torch.load_artifact(path, backend="op")
+    pt = asap_torch.load_artifact(path, backend="torch")
     assert op.backend == "op" and pt.backend == "torch"
     worst = 0.0
     for layer in layers:
-        q, k, v, rec_mask = projected(a[kind], a[kind + "_calib"], layer, dtype=dtype)
+        q, k, v, rec_mask = projected(path, a[kind + "_calib"], layer, dtype=dtype)
         B, H, n, _ = q.shape
         cases = {"none": None}
         if rec_mask is not None:
@@ -803,16 +827,29 @@ def test_teacher_op_errors():
 # operator kinds in the artifact (format_version 3)
 # --------------------------------------------------------------------------
 
-def kind_artifact(src, name, kinds, version=4):
+def _features(g):
+    """The 'features' attribute of a layer group as a list of str."""
+    return [x.decode() if isinstance(x, bytes) else str(x) for x in np.atleast_1d(g.attrs["features"])]
+
+
+def _written_version(params):
+    """The format_version asapc writes for these layers: 5 when an ASAP layer
+    has the score_stats columns, else 4."""
+    return 5 if any(p.is_asap and p.score_stats for p in params) else 4
+
+
+def kind_artifact(src, name, kinds, version=None):
     """A copy of the compiled artifact `src` whose layer i is kinds[i]:
     'asap' (unchanged), 'teacher', or an int T' (a 'sinkhorn' layer),
-    written with h5py as docs/artifact-format.md says."""
+    written with h5py as docs/artifact-format.md says (format_version: as
+    asapc would write the result, unless given)."""
     dst = os.path.join(WORK, name)
     shutil.copyfile(src, dst)
+    stats = False
     with h5py.File(dst, "r+") as f:
-        f.attrs["format_version"] = np.int64(version)
         for key, kind in zip(sorted(f["layers"], key=int), kinds):
             if kind == "asap":
+                stats |= "score_stats" in _features(f["layers"][key])
                 continue
             g = f["layers"][key]
             # fixed-length strings, as asapc writes (format_version 4)
@@ -827,6 +864,7 @@ def kind_artifact(src, name, kinds, version=4):
             del g["theta"], g["coef"]
             g["theta"] = np.zeros((hd, 0))
             g["coef"] = np.zeros((1, 0))
+        f.attrs["format_version"] = np.int64(version or (5 if stats else 4))
     return dst
 
 
@@ -871,7 +909,7 @@ def _steps(kind, T):
 def test_kinds_read_and_info():
     for name, (path, src, kinds) in kind_artifacts().items():
         root, params = asap_torch.read_artifact(path)
-        assert root["format_version"] == 4
+        assert root["format_version"] == _written_version(params), (name, root["format_version"])
         for p, kind in zip(params, kinds):
             want_op = kind if kind in ("asap", "teacher") else "sinkhorn"
             assert p.operator == want_op, (name, p.name, p.operator)
@@ -1035,6 +1073,7 @@ def test_compiled_sinkhorn_artifact_runs_everywhere():
              "--no-report", "--threads", "1", "--features", "alpha", "--heads-mode", "pooled",
              "--latency-table", table])
     assert "no ASAP map runs as fast here" in r.stdout, r.stdout
+    assert asap_torch.read_artifact(path)[0]["format_version"] == 4   # no score_stats layer
     art = asap_torch.load_artifact(path, backend=BACKENDS[0])
     steps = {n: art.layer(n).sinkhorn_steps for n in art.layer_names}
     assert all(art.layer(n).operator == "sinkhorn" and 1 <= steps[n] <= 4 for n in steps), steps
@@ -1048,6 +1087,113 @@ def test_compiled_sinkhorn_artifact_runs_everywhere():
             close(y, y_want, "compiled sinkhorn %s output" % backend)
             for i, (u, w) in enumerate(zip(att, a_want)):
                 close(u, w, "compiled sinkhorn %s attention %d" % (backend, i))
+
+
+# --------------------------------------------------------------------------
+# the score_stats feature columns (format_version 5)
+# --------------------------------------------------------------------------
+
+def _stats_by_hand(q, k, key_mask, scale, drop_queries):
+    """[B, H, n, 3] row max, mean and standard deviation (1/|J|) of the
+    scores over the active keys J, centered over the rows carrying mass (0
+    on the others), by loops over python floats."""
+    B, H, n, _ = q.shape
+    out = np.zeros((B, H, n, 3))
+    for b in range(B):
+        J = [j for j in range(n) if key_mask is None or bool(key_mask[b, j])]
+        rows = J if drop_queries else list(range(n))
+        for h in range(H):
+            for i in range(n):
+                s = [scale * float(sum(q[b, h, i, c] * k[b, h, j, c] for c in range(q.shape[3])))
+                     for j in J]
+                mu = sum(s) / len(s)
+                out[b, h, i] = (max(s), mu, (sum((x - mu) ** 2 for x in s) / len(s)) ** 0.5)
+            centered = out[b, h, rows] - out[b, h, rows].mean(0)
+            out[b, h] = 0
+            out[b, h, rows] = centered
+    return out
+
+
+@test
+def test_score_stats_columns():
+    # the Python reference's three columns against loops, with padded keys
+    # (in front and at the end), padded queries kept or dropped, and no mask
+    gen = torch.Generator().manual_seed(3)
+    B, H, n, d = 3, 2, 7, 4
+    q = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) * 2
+    mask = torch.ones(B, n, dtype=torch.bool)
+    mask[0, :2] = False
+    mask[1, 4:] = False
+    mask[2, 1::2] = False
+    k[:, :, 0] *= 3                                    # a large key, padded in sequence 0
+    for key_mask, mode in ((mask, "keep_queries"), (mask, "drop_queries"), (None, "keep_queries")):
+        p = asap_torch.artifact.LayerParams(
+            name="stats", slices=0, alpha=True, softmax_dual=False, sinkhorn_dual3=False,
+            score_stats=True, score_scale=0.6, eps=1.0, theta=np.zeros((d, 0)), mask=mode)
+        assert (p.family_name, p.num_columns, p.feature_passes) == ("alpha+stats", 4, 0)
+        m = reference.Marginals(key_mask, B, n, p.drop_queries, q.dtype, q.device)
+        want = _stats_by_hand(q, k, key_mask, 0.6, p.drop_queries)
+        tag = "mask=%s %s" % (key_mask is not None, mode)
+        for S in (None, reference.scores(q, k, 0.6)):
+            Psi = reference.build_features(q, k, m, p, S)
+            assert Psi.shape == (B, H, n, 4) and Psi.dtype == torch.float64, (tag, Psi.shape)
+            close(Psi[..., 0], reference.center_rows(reference.cost_alpha(q, 0.6), m), tag + " alpha", 0)
+            for c, what in enumerate(("max", "mean", "sd")):
+                close(Psi[..., 1 + c], want[..., c], "%s %s" % (tag, what), 1e-12)
+        # float32 stays in q's dtype
+        Psi32 = reference.build_features(q.float(), k.float(), reference.Marginals(
+            key_mask, B, n, p.drop_queries, torch.float32, q.device), p)
+        assert Psi32.dtype == torch.float32
+        close(Psi32[..., 1:], want, tag + " float32", 1e-5)
+    # the family without the group (the default) has no such columns
+    p = asap_torch.artifact.LayerParams(name="alpha", slices=0, alpha=True, softmax_dual=False,
+                                        sinkhorn_dual3=False, score_scale=0.6, theta=np.zeros((d, 0)))
+    assert (p.score_stats, p.family_name, p.num_columns) == (False, "alpha", 1)
+    assert reference.build_features(q, k, reference.Marginals(None, B, n, False, q.dtype, q.device),
+                                    p).shape == (B, H, n, 1)
+
+
+@test
+def test_score_stats_artifacts():
+    # asapc's +stats families: written as format_version 5, read alike by
+    # both readers, and the operator agrees with the PyTorch fallback
+    paths = stats_artifacts()
+    for kind, path in paths.items():
+        root, params = asap_torch.read_artifact(path)
+        assert root["format_version"] == 5, (kind, root["format_version"])
+        with h5py.File(path, "r") as f:
+            feats = [_features(f["layers"][key]) for key in sorted(f["layers"], key=int)]
+        for p, fs in zip(params, feats):
+            assert p.score_stats and p.family_name.endswith("+stats"), (kind, p.describe)
+            assert fs[-1] == "score_stats", fs           # after sinkhorn_dual3
+            assert p.coef.shape[1] == p.num_columns == p.slices + {"vit": 6, "text": 4}[kind], p.coef.shape
+            assert np.abs(p.coef[:, -3:]).max() > 1e-3, (kind, p.name, p.coef[:, -3:])
+            infos = [asap_torch.load_artifact(path, backend=b).info(p.name)["family"] for b in BACKENDS]
+            assert all(i == infos[0] for i in infos), infos
+            assert infos[0]["score_stats"] is True and infos[0]["columns"] == p.num_columns, infos
+    if OP:
+        for kind, path in paths.items():
+            for dtype in (torch.float32, torch.float64):
+                err = _compare_backends(kind, VIT if kind == "vit" else TEXT, dtype, True, path)
+                print("     %s +stats %s: max abs difference op vs PyTorch %.2g" % (kind, dtype, err))
+    # the group in an older file is refused by both readers
+    bad = os.path.join(WORK, "stats_v4.asap.h5")
+    shutil.copyfile(paths["text"], bad)
+    with h5py.File(bad, "r+") as f:
+        f.attrs["format_version"] = np.int64(4)
+    want = "feature group 'score_stats' needs format_version 5, but the file says 4"
+    try:
+        asap_torch.read_artifact(bad)
+        raise AssertionError("score_stats accepted in format_version 4")
+    except asap_torch.ArtifactError as e:
+        assert want in str(e), e
+    if OP:
+        try:
+            torch.ops.asap.load(bad)
+            raise AssertionError("the C++ reader accepted score_stats in format_version 4")
+        except ValueError as e:
+            assert want in str(e), e
 
 
 @test

@@ -104,7 +104,8 @@ if [ "${1:-}" = "--overhead" ]; then
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   TMPD=$(mktemp -d)
   trap 'rm -rf "$TMPD"' EXIT
-  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_sm_1,asap_sm_3,asap_s3_1,asap_s3_3
+  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_st_1,asap_st_3,asap_sm_1,asap_sm_3
+  OPS=$OPS,asap_s3_1,asap_s3_3
   i=0
   for policy in $POLICIES; do
     for d in $DS; do
@@ -137,13 +138,14 @@ for line in open(sys.argv[1]):
     print("| n | family | k | passes | ASAP (ms) | Sinkhorn T' = passes (ms) | ratio |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for n in sorted({k[0] for k in t}):
-        for fam, extra in (("asap", 0), ("asap_sm", 1), ("asap_s3", 3)):
+        for fam, extra in (("asap", 0), ("asap_st", 0), ("asap_sm", 1), ("asap_s3", 3)):
             for k in (1, 3):
                 a, s = t.get((n, fam, k)), t.get((n, "sinkhorn", k + extra))
                 if not a or not s:
                     continue
                 ratio = a["median_s"] / s["median_s"]
-                name = {"asap": "alpha", "asap_sm": "alpha+softmax", "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
+                name = {"asap": "alpha", "asap_st": "alpha+stats", "asap_sm": "alpha+softmax",
+                        "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
                 print("| %d | %s | %d | %d | %.4f | %.4f | %.2fx |" % (n, name, k, k + extra, 1e3 * a["median_s"],
                                                                      1e3 * s["median_s"], ratio))
                 rows.append((policy, int(d), int(slices), n, name, k, k + extra, ratio, a.get("bound_ratio")))

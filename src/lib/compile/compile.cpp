@@ -173,7 +173,7 @@ Setup validate_options(const CompileOptions& opt) {
   u.slice_counts.erase(std::unique(u.slice_counts.begin(), u.slice_counts.end()), u.slice_counts.end());
   u.candidates = opt.candidates;
   if (u.candidates.empty())
-    for (const char* f : {"slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"})
+    for (const char* f : kDefaultFeatureFamilies)
       for (bool ph : {false, true}) u.candidates.push_back({f, ph});
   for (const auto& c : u.candidates) family_of(c.features, 1);  // refuses unknown names
   u.grid = opt.ridge_grid.empty() ? default_ridge_grid() : opt.ridge_grid;
@@ -379,6 +379,7 @@ FeatureFamily widest_family(const Setup& setup, const CompileOptions& opt) {
     widest.alpha |= f.alpha;
     widest.softmax_dual |= f.softmax_dual;
     widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
+    widest.score_stats |= f.score_stats;
   }
   return widest;
 }

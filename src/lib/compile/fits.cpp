@@ -22,6 +22,12 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
     if (!rest.empty() && rest[0] == '+') rest = rest.substr(1);
   }
   if (rest.empty() && features == "slices") return f;
+  const std::string stats_suffix = "+stats";
+  if (rest.size() > stats_suffix.size() &&
+      rest.compare(rest.size() - stats_suffix.size(), std::string::npos, stats_suffix) == 0) {
+    f.score_stats = true;
+    rest.resize(rest.size() - stats_suffix.size());
+  }
   if (rest == "alpha") {
     f.alpha = true;
   } else if (rest == "alpha+softmax") {
@@ -31,7 +37,8 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
   } else {
     throw Error(str("unknown feature set '", features,
                     "': expected slices, slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3, "
-                    "alpha, alpha+softmax or alpha+softmax+sinkhorn3"));
+                    "alpha, alpha+softmax or alpha+softmax+sinkhorn3, each of the alpha families optionally "
+                    "followed by +stats"));
   }
   return f;
 }

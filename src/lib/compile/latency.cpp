@@ -71,8 +71,8 @@ class TableLatency : public LatencyModel {
 };
 
 // Coefficients for timing a family: those of a plausible fitted map (weight
-// 1 on its last dual column -- f3, else f1, else alpha -- or 1/L on every
-// slice when it has none). The time does depend on the values: a dual far
+// 1 on its last dual column -- f3, else f1, else alpha; never a score_stats
+// column -- or 1/L on every slice when it has none). The time does depend on the values: a dual far
 // from any plan (all weights 0.01, as before) gives plans whose tiny entries
 // turn subnormal in the output GEMM on real activations, which timed the
 // maps on the bundled ViT about 10% slower than the loop of their passes
@@ -80,7 +80,7 @@ class TableLatency : public LatencyModel {
 at::Tensor timing_coefficients(const FeatureFamily& fam) {
   at::Tensor c = at::zeros({1, fam.num_columns()}, at::kDouble);
   if (fam.alpha || fam.softmax_dual || fam.sinkhorn_dual3)
-    c[0][fam.num_columns() - 1] = 1.0;
+    c[0][fam.num_columns() - 1 - (fam.score_stats ? 3 : 0)] = 1.0;
   else if (fam.slices > 0)
     c.fill_(1.0 / static_cast<double>(fam.slices));
   return c;

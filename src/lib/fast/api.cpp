@@ -352,6 +352,7 @@ detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const detail::Scal
   fs.alpha = fam.alpha;
   fs.softmax = fam.softmax_dual;
   fs.sinkhorn3 = fam.sinkhorn_dual3;
+  fs.stats = fam.score_stats;
   return fs;
 }
 

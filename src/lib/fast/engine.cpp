@@ -622,6 +622,39 @@ double Engine<T>::gather_acc(double* out) {
 }
 
 template <class T>
+void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y) {
+  const int64_t W = kt_.width;
+  if (use_st_) {
+    if (!st_ready_) build_transposed();
+    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
+    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, W), nb = (nR_ + bw - 1) / bw;
+    const T* ST = ST_.data();
+    pfor(nb, [&](int64_t b, int) {
+      const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
+      kt_.col_stats(nJ_, c1 - c0, ST + c0, ldST_, mx + c0, mean + c0, sd + c0, w, y ? y + c0 : nullptr);
+    });
+    return;
+  }
+  // Chunks of rows transposed into scratch; the kernel's whole-vector
+  // outputs go to scratch too (a chunk need not end on a vector), then the
+  // chunk's rows are copied out.
+  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  pfor(nch, [&](int64_t c, int tid) {
+    const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), ldt = round_up(r1 - r0, W);
+    int64_t ld;
+    const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
+    T* tt = scratch_[tid].stats.get((nJ_ + 4) * ldt);
+    T* o = tt + nJ_ * ldt;
+    kt_.transpose(r1 - r0, nJ_, t, ld, tt, ldt);
+    kt_.col_stats(nJ_, r1 - r0, tt, ldt, o, o + ldt, o + 2 * ldt, w, y ? o + 3 * ldt : nullptr);
+    for (int64_t r = r0; r < r1; ++r) {
+      mx[r] = o[r - r0], mean[r] = o[ldt + r - r0], sd[r] = o[2 * ldt + r - r0];
+      if (y) y[r] = o[3 * ldt + r - r0];
+    }
+  });
+}
+
+template <class T>
 void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T* psi, const double* beta,
                          double* phi) {
   slice_columns(fs, beta, psi);
@@ -652,6 +685,20 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
       col_pass(f1, g, false, T(0), HeadOut<T>{});
       row_pass(g, f3, false, T(0), HeadOut<T>{});
       emit_column(f3);
+    }
+  }
+  if (fs.stats) {
+    // Row statistics of S = eps S' over J (reference: build_features).
+    const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
+    T* st[3] = {smx_.get(nv), smean_.get(nv), ssd_.get(nv)};
+    score_stats(st[0], st[1], st[2], nullptr, nullptr);
+    s0.col.resize(nR_);
+    T* col = s0.col.data();
+    const T e = static_cast<T>(eps);
+    for (T* c : st) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = e * c[r];
+      take_column(nR_, col, beta, p, s0, psi);
+      ++p;
     }
   }
   if (beta) {
@@ -688,6 +735,7 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
   const int64_t p_alpha = fs.alpha ? p++ : -1;
   const int64_t p_soft = fs.softmax ? p++ : -1;
   const int64_t p_s3 = fs.sinkhorn3 ? p++ : -1;
+  const int64_t p_st = fs.stats ? p : -1;
   if (p_alpha >= 0) ca += beta[p_alpha];
   if (p_soft >= 0) ca += beta[p_soft], b1 = beta[p_soft] * eps;
   if (p_s3 >= 0) ca += beta[p_s3], b3 = beta[p_s3] * eps;
@@ -705,6 +753,18 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
       f3 = f3w;
     }
   }
+  // The score_stats columns are eps times the statistics of S', so their
+  // weighted sum is y = sum_c eps beta_c stat_c.
+  T* st[3] = {nullptr, nullptr, nullptr};
+  T* y = nullptr;
+  if (p_st >= 0) {
+    const T w[3] = {static_cast<T>(beta[p_st] * eps), static_cast<T>(beta[p_st + 1] * eps),
+                    static_cast<T>(beta[p_st + 2] * eps)};
+    const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
+    st[0] = smx_.get(nv), st[1] = smean_.get(nv), st[2] = ssd_.get(nv);
+    y = sy_.get(nv);
+    score_stats(st[0], st[1], st[2], w, y);
+  }
   if (psi) {
     // The same columns as features(), rounded like the reference.
     Scratch& s0 = scratch_[0];
@@ -720,6 +780,10 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
       for (int64_t r = 0; r < nR_; ++r) col[r] = e * f3[r] + alpha[r];
       take_column(nR_, col, nullptr, p_s3, s0, psi);
     }
+    for (int c = 0; c < 3 && p_st >= 0; ++c) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = e * st[c][r];
+      take_column(nR_, col, nullptr, p_st + c, s0, psi);
+    }
   }
   // phi_i = acc_i + x_i - shift - mean(x), x = ca alpha + b1 f1 + b3 f3.
   const double inv_eps = 1.0 / eps;
@@ -727,13 +791,13 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
     // Slice-free maps (the common case at short lengths): one vectorised
     // kernel per instruction set, the mean in float64 (this file is built
     // for the baseline instruction set: its loops were 2% of a 2-pass call).
-    kt_.map_tail(nR_, alpha, f1, f3, static_cast<T>(ca), static_cast<T>(b1), static_cast<T>(b3),
+    kt_.map_tail(nR_, alpha, f1, f3, y, static_cast<T>(ca), static_cast<T>(b1), static_cast<T>(b3),
                  static_cast<T>(inv_eps), reinterpret_cast<T*>(acc), phi, f);
   } else {
     double sum = 0;
     for (int64_t r = 0; r < nR_; ++r) {
       const double x = ca * static_cast<double>(alpha[r]) + (f1 ? b1 * static_cast<double>(f1[r]) : 0.0) +
-                       (f3 ? b3 * static_cast<double>(f3[r]) : 0.0);
+                       (f3 ? b3 * static_cast<double>(f3[r]) : 0.0) + (y ? static_cast<double>(y[r]) : 0.0);
       acc[r] += x;
       sum += x;
     }

@@ -70,8 +70,9 @@ struct FeatureSpec {
   int64_t L = 0;
   bool alpha = false, softmax = false;
   bool sinkhorn3 = false;  // f3 = row(col(row(0))) + alpha, the teacher's dual after 3 steps
-  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0) + (sinkhorn3 ? 1 : 0); }
-  bool needs_scores() const { return softmax || sinkhorn3; }
+  bool stats = false;      // score_stats: max, mean, sd of each row of S = eps S' over J (three columns)
+  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0) + (sinkhorn3 ? 1 : 0) + (stats ? 3 : 0); }
+  bool needs_scores() const { return softmax || sinkhorn3 || stats; }
 };
 
 template <class T>
@@ -136,7 +137,7 @@ class Engine {
 
  private:
   struct Scratch {
-    Buf<T> tile, otmp, pbuf, qbuf;
+    Buf<T> tile, otmp, pbuf, qbuf, stats;
     SortScratch<T> sort;
     std::vector<int32_t> ox;
     std::vector<T> xg, col;
@@ -200,7 +201,13 @@ class Engine {
   void exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m, T* mx,
                         T* sm, T* out, const Block& block);
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
-  Buf<T> f1_, g0_, f3_;  // the teacher's first steps for the softmax / sinkhorn3 columns
+  Buf<T> f1_, g0_, f3_;            // the teacher's first steps for the softmax / sinkhorn3 columns
+  Buf<T> smx_, smean_, ssd_, sy_;  // the score_stats columns (S' units) and their weighted sum
+  // The max, mean and standard deviation of each row of S' over J into mx,
+  // mean, sd [nR, each holding round_up(nR, width)] (kernel col_stats on the
+  // transposed tile, built here when the row passes will use it, else on
+  // transposed chunks of rows); with w [3], also y = w0 mx + w1 mean + w2 sd.
+  void score_stats(T* mx, T* mean, T* sd, const T* w, T* y);
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
   // transposed projections [nR][Lp] and [nJ][Lp], positions as int32.
   Buf<T> thT_, XT_, YT_;

@@ -105,8 +105,19 @@ struct KernelTable {
   // dual of the centered phi up to a constant that the closures cancel) and,
   // when phi is given, phi = x - mean(x), the mean summed in float64. x is
   // scratch of n elements.
-  void (*map_tail)(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T b3, T inv_eps, T* x, T* phi,
-                   T* f);
+  // y (may be null) is added to x as it is: the score_stats columns' weighted
+  // sum (col_stats).
+  void (*map_tail)(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T ca, T b1, T b3, T inv_eps, T* x,
+                   T* phi, T* f);
+  // Statistics of each column c < nc of M [rows >= 1 x nc] (ld; rows read up
+  // to roundup(nc, width)): mx[c] = max_r M[r,c], mean[c] and sd[c] (the
+  // standard deviation about the mean, from sums shifted by M[0,c]). With w
+  // [3], also y[c] = w[0] mx[c] + w[1] mean[c] + w[2] sd[c]. The outputs are
+  // written in whole vectors: each must hold roundup(nc, width) (the lanes
+  // past nc come from the padding and mean nothing).
+  // On the transposed score tile these are the rows' score statistics
+  // (the score_stats columns).
+  void (*col_stats)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y);
   // Whether every x[i], i < n, is finite (x * 0 is 0 for finite x, NaN
   // otherwise; independent vector accumulators).
   bool (*all_finite)(const T* x, int64_t n);

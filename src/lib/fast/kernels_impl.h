@@ -107,6 +107,24 @@ inline Vec<double>::V vmin(Vec<double>::V a, Vec<double>::V b) {
 }
 #endif
 
+// Square root lane by lane (the instruction sets' own where available).
+#if (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 64
+inline Vec<float>::V vsqrt(Vec<float>::V a) { return (Vec<float>::V)_mm512_sqrt_ps((__m512)a); }
+inline Vec<double>::V vsqrt(Vec<double>::V a) { return (Vec<double>::V)_mm512_sqrt_pd((__m512d)a); }
+#elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 32
+inline Vec<float>::V vsqrt(Vec<float>::V a) { return (Vec<float>::V)_mm256_sqrt_ps((__m256)a); }
+inline Vec<double>::V vsqrt(Vec<double>::V a) { return (Vec<double>::V)_mm256_sqrt_pd((__m256d)a); }
+#elif (defined(__x86_64__) || defined(__i386__)) && ASAP_VBYTES == 16
+inline Vec<float>::V vsqrt(Vec<float>::V a) { return (Vec<float>::V)_mm_sqrt_ps((__m128)a); }
+inline Vec<double>::V vsqrt(Vec<double>::V a) { return (Vec<double>::V)_mm_sqrt_pd((__m128d)a); }
+#else
+template <class V>
+inline V vsqrt(V a) {
+  for (int l = 0; l < static_cast<int>(sizeof(V) / sizeof(a[0])); ++l) a[l] = __builtin_sqrt(a[l]);
+  return a;
+}
+#endif
+
 template <class T>
 constexpr T neg_inf() {
   return -__builtin_huge_val();
@@ -1261,7 +1279,8 @@ void row_sqnorm(int64_t count, const int64_t* rows, const T* q, int64_t d, T hal
 }
 
 template <class T>
-void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T b3, T inv_eps, T* x, T* phi, T* f) {
+void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T ca, T b1, T b3, T inv_eps, T* x,
+              T* phi, T* f) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   // f without centering: f shifted by a constant c gives g shifted by -c in
@@ -1276,6 +1295,7 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T
     V xv = vca * a;
     if (f1) xv += vb1 * load<V>(f1 + r);
     if (f3) xv += vb3 * load<V>(f3 + r);
+    if (y) xv += load<V>(y + r);
     store(x + r, xv);
     store(f + r, (xv - a) * vie);
   }
@@ -1283,6 +1303,7 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T
     T xs = ca * alpha[r];
     if (f1) xs += b1 * f1[r];
     if (f3) xs += b3 * f3[r];
+    if (y) xs += y[r];
     x[r] = xs;
     f[r] = (xs - alpha[r]) * inv_eps;
   }
@@ -1303,6 +1324,57 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, T ca, T b1, T
   const T mean = static_cast<T>(sum / static_cast<double>(n));
   for (r = 0; r + W <= n; r += W) store(phi + r, load<V>(x + r) - splat<V>(mean));
   for (; r < n; ++r) phi[r] = x[r] - mean;
+}
+
+// NB vectors of columns of col_stats: the running max and the sums of x - x0
+// (x0 = the column's first entry, which keeps the variance's subtraction
+// away from the mean's magnitude), NB * 3 independent chains.
+template <class T, int NB>
+inline void col_stats_block(int64_t rows, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V x0[NB], m[NB], s1[NB], s2[NB];
+  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W), s1[b] = s2[b] = V{};
+  for (int64_t r = 1; r < rows; ++r)
+    for (int b = 0; b < NB; ++b) {
+      const V x = load<V>(M + r * ld + b * W);
+      m[b] = vmax(m[b], x);
+      const V dx = x - x0[b];
+      s1[b] += dx;
+      s2[b] += dx * dx;
+    }
+  const V inv = splat<V>(T(1) / static_cast<T>(rows));
+  for (int b = 0; b < NB; ++b) {
+    const V d1 = s1[b] * inv;
+    const V u = x0[b] + d1, sv = vsqrt(vmax(s2[b] * inv - d1 * d1, V{}));
+    store(mx + b * W, m[b]);
+    store(mean + b * W, u);
+    store(sd + b * W, sv);
+    if (y) store(y + b * W, splat<V>(w[0]) * m[b] + splat<V>(w[1]) * u + splat<V>(w[2]) * sv);
+  }
+}
+
+template <class T>
+void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
+  constexpr int W = Vec<T>::W;
+  const int64_t nv = (nc + W - 1) / W;
+  int64_t v = 0;
+  for (; v + 4 <= nv; v += 4)
+    col_stats_block<T, 4>(rows, M + v * W, ld, mx + v * W, mean + v * W, sd + v * W, w, y ? y + v * W : nullptr);
+  const int64_t o = v * W;
+  switch (nv - v) {
+    case 3:
+      col_stats_block<T, 3>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      break;
+    case 2:
+      col_stats_block<T, 2>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      break;
+    case 1:
+      col_stats_block<T, 1>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      break;
+    default:
+      break;
+  }
 }
 
 template <class T>
@@ -1345,12 +1417,15 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{
-      ASAP_ISA_NAME,  ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
-      &gemm_nn<T>,    &gemm_tn<T>,   &scale_cols<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
-      &col_max<T>,    &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
-      &vexp<T>,       &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
-      &all_finite<T>, &peak_fma<T>};
+  return detail::KernelTable<T>{ASAP_ISA_NAME,    ASAP_NT_MR,       ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
+                                &gemm_nn<T>,      &gemm_tn<T>,      &scale_cols<T>,
+                                &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
+                                &col_max<T>,      &col_exp<T>,      &col_lse_tail<T>,
+                                &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
+                                &vexp<T>,         &add_log_t<T>,    &lse_finish_t<T>,
+                                &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
+                                &col_stats<T>,    &all_finite<T>,   &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};

@@ -43,6 +43,7 @@ constexpr const char* kFeatSliced = "sliced_potential";
 constexpr const char* kFeatAlpha = "alpha";
 constexpr const char* kFeatSoftmax = "softmax_dual";
 constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";  // format version 2
+constexpr const char* kFeatScoreStats = "score_stats";    // format version 5
 // Largest slice count a layer may declare: keeps slices + 3 columns and the
 // shape arithmetic far from int64 overflow (any real bank is far smaller).
 constexpr int64_t kMaxSlices = int64_t{1} << 31;
@@ -89,6 +90,7 @@ std::vector<std::string> feature_list(const FeatureFamily& f) {
   if (f.alpha) v.push_back(kFeatAlpha);
   if (f.softmax_dual) v.push_back(kFeatSoftmax);
   if (f.sinkhorn_dual3) v.push_back(kFeatSinkhorn3);
+  if (f.score_stats) v.push_back(kFeatScoreStats);
   return v;
 }
 
@@ -412,9 +414,9 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   std::vector<std::string> feats = h5::read_string_list_attr(g, "features", lw);
   std::set<std::string> seen;
   for (const auto& f : feats) {
-    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3, where,
-               ": attribute 'features' names unknown feature group '", f, "' (known: ", kFeatSliced, ", ", kFeatAlpha,
-               ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ")");
+    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3 || f == kFeatScoreStats,
+               where, ": attribute 'features' names unknown feature group '", f, "' (known: ", kFeatSliced, ", ",
+               kFeatAlpha, ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ", ", kFeatScoreStats, ")");
     ASAP_CHECK(seen.insert(f).second, where, ": attribute 'features' lists '", f, "' twice");
   }
   L.family.slices = I("slices");
@@ -425,6 +427,10 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   L.family.sinkhorn_dual3 = seen.count(kFeatSinkhorn3) != 0;
   ASAP_CHECK(!L.family.sinkhorn_dual3 || format_version >= 2, where, ": feature group '", kFeatSinkhorn3,
              "' needs format_version 2, but the file says ", format_version);
+  L.family.score_stats = seen.count(kFeatScoreStats) != 0;
+  ASAP_CHECK(!L.family.score_stats || format_version >= kArtifactScoreStatsSince, where, ": feature group '",
+             kFeatScoreStats, "' needs format_version ", kArtifactScoreStatsSince, ", but the file says ",
+             format_version);
   if (seen.count(kFeatSliced))
     ASAP_CHECK(L.family.slices >= 1, where, ": attribute 'features' includes '", kFeatSliced,
                "' but attribute 'slices' is ", L.family.slices, " (expected >= 1)");
@@ -491,8 +497,11 @@ void write_artifact(const std::string& path, const Artifact& art) {
   h5::Where root{fd, "/"};
   h5::write_atomically(path, root, [&](H5::H5File& f) {
     h5::write_string_attr(f, "format", kArtifactFormat, root);
-    // Fixed-length strings (version 4) cannot be expressed by an older version.
-    h5::write_int_attr(f, "format_version", kArtifactVersion, root);
+    // Fixed-length strings (version 4) cannot be expressed by an older
+    // version; version 5 only when a layer has the score_stats columns.
+    bool stats = false;
+    for (const auto& l : art.layers) stats |= l.kind == OperatorKind::kAsap && l.family.score_stats;
+    h5::write_int_attr(f, "format_version", stats ? kArtifactScoreStatsSince : kArtifactFixedStringsSince, root);
     h5::write_string_attr(f, "asapc_version", art.asapc_version.empty() ? ASAP_VERSION_STRING : art.asapc_version,
                           root);
     h5::write_string_attr(f, "teacher_sha256", art.teacher_sha256, root);

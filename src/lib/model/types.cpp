@@ -12,6 +12,7 @@ std::string FeatureFamily::name() const {
   if (alpha) add("alpha");
   if (softmax_dual) add("softmax");
   if (sinkhorn_dual3) add("sinkhorn3");
+  if (score_stats) add("stats");
   return s.empty() ? "empty" : s;
 }
 

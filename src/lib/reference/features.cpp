@@ -182,6 +182,19 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMar
     if (family.softmax_dual) cols.push_back(column(f1));
     if (family.sinkhorn_dual3) cols.push_back(column(row_closure(Sx, col_closure(Sx, f1, m, eps), m, eps)));
   }
+  if (family.score_stats) {
+    // Each query row's scores over the active keys (docs/asap-math.md 6c):
+    // max, mean and the standard deviation about the mean (two passes).
+    auto Sx = S.defined() ? S : scores(q, k, scale);
+    auto key = m.key_active.unsqueeze(-2);                                     // [B, 1, 1, n]
+    auto count = m.key_active.sum(-1, /*keepdim=*/true).to(Sx.scalar_type());  // [B, 1, 1]
+    auto zero = at::zeros({}, Sx.options());
+    auto mx = Sx.masked_fill(key.logical_not(), -std::numeric_limits<double>::infinity()).amax(-1);
+    auto mean = at::where(key, Sx, zero).sum(-1) / count;
+    auto dev = at::where(key, Sx - mean.unsqueeze(-1), zero);
+    auto sd = ((dev * dev).sum(-1) / count).sqrt();
+    for (const auto& c : {mx, mean, sd}) cols.push_back(center_rows(c, m).unsqueeze(-1));
+  }
   return cols.size() == 1 ? cols[0].contiguous() : at::cat(cols, -1);
 }
 
