@@ -13,14 +13,15 @@ namespace cd = asap::compile_detail;
 
 namespace {
 
-// Random layers: errors and latencies from a few levels, so that ties occur.
+// Random layers: errors and latencies from a few levels, so that ties and near ties occur.
 std::vector<cd::BudgetLayer> random_layers(std::mt19937& rng, int n_layers, int max_points) {
   std::uniform_int_distribution<int> np(1, max_points), lvl(1, 6);
   std::uniform_real_distribution<double> scale(0.5, 2.0);
   std::vector<cd::BudgetLayer> layers(n_layers);
   for (auto& l : layers) {
     const int n = np(rng);
-    for (int i = 0; i < n; ++i) l.points.push_back({0.05 * lvl(rng), 1e-5 * lvl(rng)});
+    // Errors a level apart, or 3% apart (within kMaxErrorTie of each other).
+    for (int i = 0; i < n; ++i) l.points.push_back({0.05 * lvl(rng) * (rng() % 2 ? 1.03 : 1.0), 1e-5 * lvl(rng)});
     l.error_scale = scale(rng);
     l.weight = (rng() % 3 == 0) ? 2.0 : 1.0;
   }
@@ -68,7 +69,7 @@ TEST_CASE("budget: the Pareto frontier keeps exactly the points no other point b
 
 TEST_CASE("budget: most accurate within the model's latency budget equals brute force (max and sum)") {
   std::mt19937 rng(7);
-  int feasible = 0, binding = 0;
+  int feasible = 0, binding = 0, ties = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const auto layers = random_layers(rng, 1 + trial % 4, 6);
     double fastest = 0, slowest = 0;
@@ -82,12 +83,22 @@ TEST_CASE("budget: most accurate within the model's latency budget equals brute 
       CAPTURE(trial);
       CAPTURE(static_cast<int>(kind));
       const auto got = cd::most_accurate_within(layers, budget, 0.0, kind);
-      const auto want =
-          brute_force(layers, kind, budget, std::numeric_limits<double>::infinity(), [](const Best& a, const Best& b) {
-            if (a.model_error != b.model_error) return a.model_error < b.model_error;
-            if (a.error_sum != b.error_sum) return a.error_sum < b.error_sum;
-            return a.latency < b.latency;
-          });
+      const double inf = std::numeric_limits<double>::infinity();
+      const auto least = brute_force(layers, kind, budget, inf, [](const Best& a, const Best& b) {
+        if (a.model_error != b.model_error) return a.model_error < b.model_error;
+        if (a.error_sum != b.error_sum) return a.error_sum < b.error_sum;
+        return a.latency < b.latency;
+      });
+      // kMax: every choice within kMaxErrorTie of the least model error is
+      // its equal; the least sum of errors, then the least latency, decides.
+      const auto want = kind == cd::ModelError::kSum || !least.feasible
+                            ? least
+                            : brute_force(layers, kind, budget, least.model_error * (1 + cd::kMaxErrorTie),
+                                          [](const Best& a, const Best& b) {
+                                            if (a.error_sum != b.error_sum) return a.error_sum < b.error_sum;
+                                            return a.latency < b.latency;
+                                          });
+      ties += want.model_error > least.model_error;
       REQUIRE(got.feasible == want.feasible);
       if (!want.feasible) continue;
       ++feasible;
@@ -107,6 +118,24 @@ TEST_CASE("budget: most accurate within the model's latency budget equals brute 
   }
   CHECK(feasible > 300);  // the cases are not all infeasible
   CHECK(binding > 100);   // nor all unconstrained
+  CHECK(ties > 0);        // and the tolerance decided some of them
+}
+
+TEST_CASE("budget: a largest error lower by less than kMaxErrorTie does not buy a much worse layer") {
+  // The recorded WordNet text case: layer 1 has 0.215 (slower) or 0.216
+  // (faster); with 0.215, only layer 0's 0.185 fits the budget, with 0.216
+  // its 0.094 does. Strictly the largest error prefers 0.215; within the
+  // tolerance the sum decides.
+  std::vector<cd::BudgetLayer> layers(2);
+  layers[0].points = {{0.094, 1.00}, {0.185, 0.90}};
+  layers[1].points = {{0.215, 1.05}, {0.216, 0.95}};
+  const auto c = cd::most_accurate_within(layers, 1.96, 0.0, cd::ModelError::kMax);
+  REQUIRE(c.feasible);
+  CHECK(c.choice == std::vector<int>{0, 1});
+  CHECK(c.model_error == doctest::Approx(0.216));
+  // A largest error more than kMaxErrorTie higher is not a tie.
+  layers[1].points[1].error = 0.215 * (1 + 2 * cd::kMaxErrorTie);
+  CHECK(cd::most_accurate_within(layers, 1.96, 0.0, cd::ModelError::kMax).choice == std::vector<int>{1, 0});
 }
 
 TEST_CASE("budget: fastest within the model's error target equals brute force (max and sum)") {

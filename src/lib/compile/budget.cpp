@@ -158,14 +158,15 @@ BudgetChoice most_accurate_within(const std::vector<BudgetLayer>& layers, double
     for (double level : error_levels(layers, front)) {
       double lat = 0;
       if (!fastest_under(layers, front, level, &lat).empty() && lat <= limit) {
-        cap = level;
+        cap = level * (1 + kMaxErrorTie);
         found = true;
         break;
       }
     }
     if (!found) return {};
   }
-  // Within that level (kSum: everything), the least sum of errors that fits.
+  // Within that level and kMaxErrorTie above it (kSum: everything), the
+  // least sum of errors that fits.
   const auto states = pareto_choices(layers, front, cap, limit, kInf);
   if (states.empty()) return {};
   return finish(layers, states.back(), kind, budget);
