@@ -211,6 +211,50 @@ TEST_CASE("fast: map_tail is the slice-free map's dual and centered phi on every
   }
 }
 
+namespace {
+// col_stats of one table against float64 loops over each column's rows.
+template <class T>
+void check_col_stats(const asap::fast::detail::KernelTable<T>& K, double tol) {
+  const int64_t ld = 96;  // rows readable up to roundup(nc, width) for nc <= 70
+  for (int64_t rows : {1, 2, 3, 16, 17, 40})
+    for (int64_t nc : {1, 2, 5, 8, 15, 16, 17, 33, 64, 70}) {
+      CAPTURE(rows);
+      CAPTURE(nc);
+      const int64_t out = ld + 1;  // whole vectors up to roundup(nc, width), then a sentinel
+      std::vector<T> M(rows * ld), mx(out, T(-7)), mean(out), sd(out), y(out, T(-7));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < ld; ++c)  // an offset per column
+          M[r * ld + c] = static_cast<T>(3.0 * c - 20 + std::sin(0.37 * (c * 131 + r * 17)) * (1 + r % 5));
+      const T w[3] = {T(0.5), T(-1.25), T(2.0)};
+      K.col_stats(rows, nc, M.data(), ld, mx.data(), mean.data(), sd.data(), w, y.data());
+      for (int64_t c = 0; c < nc; ++c) {
+        CAPTURE(c);
+        double m = -1e300, sum = 0, sq = 0;
+        for (int64_t r = 0; r < rows; ++r) m = std::max(m, static_cast<double>(M[r * ld + c])), sum += M[r * ld + c];
+        const double mu = sum / rows;
+        for (int64_t r = 0; r < rows; ++r) sq += (M[r * ld + c] - mu) * (M[r * ld + c] - mu);
+        const double sdv = std::sqrt(sq / rows);
+        CHECK(mx[c] == static_cast<T>(m));
+        CHECK(mean[c] == doctest::Approx(mu).epsilon(tol).scale(20));
+        CHECK(sd[c] == doctest::Approx(sdv).epsilon(tol).scale(20));
+        CHECK(y[c] == doctest::Approx(0.5 * m - 1.25 * mu + 2.0 * sdv).epsilon(tol).scale(50));
+      }
+      CHECK(mx[ld] == T(-7));  // nothing past roundup(nc, width) <= ld
+      CHECK(y[ld] == T(-7));
+    }
+}
+}  // namespace
+
+TEST_CASE("fast: col_stats is each column's max, mean and standard deviation on every instruction set") {
+  // The score statistics of each row, taken on the transposed tile: vector
+  // blocks of 1-4 columns and the lanes past nc.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    check_col_stats(kernels_of(isa).f64, 1e-12);
+    check_col_stats(kernels_of(isa).f32, 2e-5);
+  }
+}
+
 TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every instruction set") {
   // Rows in blocks of the float64 vector width (and, for float32 with d a
   // multiple of the float32 width up to 8 vectors, of the float32 width)
