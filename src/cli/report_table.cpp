@@ -44,7 +44,12 @@ void print_compiled(const asap::LayerRecord& fit, std::ostream& os) {
     os << "  compiled: " << c.description;
   else
     os << "  compiled: " << *c.family << (*c.per_head ? " per head" : " pooled") << ", k=" << k;
-  os << " (held-out error at compile " << num(c.heldout_attention_error) << ")";
+  os << " (held-out error at compile " << num(c.heldout_attention_error);
+  // The stored coefficients' own error when a refit replaced the LS ones.
+  if (fit.refit && fit.refit->heldout_attention_error_refit && !fit.refit->fell_back_to_ls.value_or(false))
+    os << ", " << num(*fit.refit->heldout_attention_error_refit) << " after the "
+       << (fit.refit->fit == "kl" ? "KL fit" : "attention refit");
+  os << ")";
   // The paper's map: sliced potentials only, pooled, closure-ready target
   // (compile keeps one slice prefix of it, named "slices/pooled@L<n>").
   for (const auto& cand : fit.candidates)

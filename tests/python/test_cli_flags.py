@@ -142,7 +142,8 @@ def heads_mode_and_features_restrict_the_candidates():
         assert layer["chosen"]["per_head"] is False
     s = compile_json(os.path.join(TMP, "h2.asap.h5"), "--heads-mode", "per-head", "--features", "all")
     for layer in s["layers"]:
-        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3+stats" for c in layer["candidates"])
+        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3+stats"
+                   for c in layer["candidates"])
 
 
 @test
@@ -203,6 +204,17 @@ def the_default_fit_is_the_attention_refit_and_fit_ls_skips_it():
     # the default's 3, and --attention-patience 1.
     if af["stopped"].startswith("no better"):
         assert "in 3 checks" in af["stopped"] and af["iterations"] == af["best_iteration"] + 15, af
+    # verify names the stored coefficients' own held-out error (the refit's), not only LS's.
+    for art, want in (("fit-default.asap.h5", True), ("fit-ls.asap.h5", False)):
+        p = subprocess.run([ASAPC, "verify", NAME + ".pt", "--artifact", os.path.join(TMP, art), "--data",
+                            NAME + ".heldout.h5", "--max-examples", "8", "--no-timing",
+                            "--report", os.path.join(TMP, art + ".html")],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        line = [x for x in p.stdout.splitlines() if "compiled:" in x]
+        kept = want and not af["fell_back_to_ls"]
+        refit = "%.4f after the attention refit" % af["heldout_attention_error_refit"]
+        assert line and ((refit in line[0]) if kept else ("after the" not in line[0])), (art, line, refit)
     p1 = compile_json(os.path.join(TMP, "fit-p1.asap.h5"), "--attention-patience", "1", *layer)["layers"][0]
     a1 = p1["attention_fit"]
     assert a1["stopped"] == "no better held-out objective in 1 checks (5 iterations)", a1
