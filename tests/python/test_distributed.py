@@ -212,11 +212,13 @@ def same_relative_path_on_each_rank_reads_both_files():
 
 def latency_table(path):
     """A --latency-table for every operator compile may time (T = 6): a loop
-    of p passes costs 1 + p, a map its passes plus 0.3 plus 0.01 per slice."""
+    of p passes costs 1 + p, a map its passes plus 0.3 plus 0.01 per slice,
+    plus 0.5 with the score statistics."""
     t = {"teacher": 7.0}
     t.update({"sinkhorn-%d" % p: 1.0 + p for p in range(1, 6)})
     for L in (0, 1, 2, 4, 8, 16, 32, 64):
-        for extra, fp in (([], 0), (["alpha"], 0), (["alpha", "softmax"], 1), (["alpha", "softmax", "sinkhorn3"], 3)):
+        for extra, fp in (([], 0), (["alpha"], 0), (["alpha", "softmax"], 1), (["alpha", "softmax", "sinkhorn3"], 3),
+                          (["alpha", "stats"], 0.5), (["alpha", "softmax", "sinkhorn3", "stats"], 3.5)):
             parts = (["L%d" % L] if L else []) + extra
             if parts:
                 for k in range(1, 6):
@@ -243,7 +245,10 @@ def record_differences(a, b, path=""):
     """Where two fit records differ, apart from timings and the share of
     each rank (its examples, the MB of batches it cached): the same keys, lists of the same length, the same strings
     (speeds in sentences masked), booleans and integers; floats within 1e-5
-    relative or 1e-7 absolute (float32 kernels run on other batches)."""
+    relative or 1e-7 absolute (float32 kernels run on other batches), or
+    1e-4 relative along the attention refit's history (its held-out
+    objective, summed in float32 over each rank's share, drifts by a few
+    1e-7 over dozens of L-BFGS iterations)."""
     import re
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
@@ -255,7 +260,8 @@ def record_differences(a, b, path=""):
             return ["%s: %d against %d entries" % (path, len(a), len(b))]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in record_differences(x, y, "%s[%d]" % (path, i))]
     if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        return [] if abs(a - b) <= 1e-5 * max(abs(a), abs(b)) + 1e-7 else ["%s: %r against %r" % (path, a, b)]
+        rel = 1e-4 if "/attention_fit/history[" in path else 1e-5
+        return [] if abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-7 else ["%s: %r against %r" % (path, a, b)]
     if isinstance(a, str) and isinstance(b, str):
         speed = re.compile(r"\d+\.\d+x")
         a, b = speed.sub("Sx", a), speed.sub("Sx", b)
