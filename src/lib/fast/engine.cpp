@@ -785,7 +785,7 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
       take_column(nR_, col, nullptr, p_st + c, s0, psi);
     }
   }
-  // phi_i = acc_i + x_i - shift - mean(x), x = ca alpha + b1 f1 + b3 f3.
+  // phi_i = acc_i + x_i - shift - mean(x), x = ca alpha + b1 f1 + b3 f3 + y.
   const double inv_eps = 1.0 / eps;
   if (fs.L == 0) {
     // Slice-free maps (the common case at short lengths): one vectorised
