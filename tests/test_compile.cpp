@@ -69,6 +69,17 @@ std::vector<OperatorCandidate> synthetic_candidates() {
 
 }  // namespace
 
+TEST_CASE("compile: is_feature_family accepts the families compile parses and nothing else") {
+  for (const char* f : asap::kDefaultFeatureFamilies) CHECK(asap::is_feature_family(f));
+  for (const char* f : {"alpha", "alpha+softmax", "alpha+softmax+sinkhorn3", "alpha+stats", "alpha+softmax+stats",
+                        "alpha+softmax+sinkhorn3+stats", "slices+alpha+softmax+stats"})
+    CHECK_MESSAGE(asap::is_feature_family(f), f);
+  // +stats needs alpha, comes last and once; aliases are the CLI's, not compile's.
+  for (const char* f : {"", "stats", "slices+stats", "+stats", "alpha+stats+stats", "alpha+softmax+stats+sinkhorn3",
+                        "softmax", "slices+", "alpha+", "paper", "all", "Alpha"})
+    CHECK_MESSAGE(!asap::is_feature_family(f), f);
+}
+
 TEST_CASE("compile: choice on known latencies -- each objective, lazy timing, Sinkhorn and fallback") {
   auto spec = vit_spec(6).layers[0];
   asap::compile_detail::ChoiceOptions o;

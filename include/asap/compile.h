@@ -47,6 +47,11 @@ inline constexpr const char* kDefaultFeatureFamilies[] = {"slices",
                                                           "slices+alpha+stats",
                                                           "slices+alpha+softmax+sinkhorn3+stats"};
 
+// Whether `features` names a candidate family (slices, slices+alpha, ...,
+// alpha+softmax+sinkhorn3, the alpha families optionally followed by +stats):
+// the one parser compile itself uses, for front ends that word their own error.
+bool is_feature_family(const std::string& features);
+
 // An operator compile can choose, as far as its latency is concerned
 // (coefficients and pooling do not change the time).
 struct OperatorConfig {

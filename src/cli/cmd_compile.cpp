@@ -46,14 +46,7 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   for (auto f : fs) {
     if (f == "paper") f = "slices";
     if (f == "all") f = "slices+alpha+softmax+sinkhorn3+stats";
-    static const char* known[] = {"slices", "slices+alpha",  "slices+alpha+softmax",   "slices+alpha+softmax+sinkhorn3",
-                                  "alpha",  "alpha+softmax", "alpha+softmax+sinkhorn3"};
-    std::string base = f;
-    const std::string stats = "+stats";
-    if (base.size() > stats.size() && base.compare(base.size() - stats.size(), std::string::npos, stats) == 0 &&
-        base.find("alpha") != std::string::npos)
-      base.resize(base.size() - stats.size());
-    ASAP_CHECK(std::find(std::begin(known), std::end(known), base) != std::end(known),
+    ASAP_CHECK(asap::is_feature_family(f),
                "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
                "slices+alpha+softmax+sinkhorn3, alpha, alpha+softmax or alpha+softmax+sinkhorn3, each family with "
                "alpha optionally followed by +stats (all = slices+alpha+softmax+sinkhorn3+stats); found '",
