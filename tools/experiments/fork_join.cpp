@@ -2,13 +2,22 @@
 // call that runs its heads on more than one thread (docs/performance.md,
 // "Fixed cost per call on 2 threads"): at::parallel_for over 64 trivial
 // items, and a bare `#pragma omp parallel`, each timed 20001 times; the
-// medians are printed. Run by tools/experiments/fork_join.sh.
+// medians are printed. For scale, the floor of any fork/join between two
+// threads: one round trip of a flag between the caller and a std::thread
+// that spins on it (no system call on either side); and the cost of one
+// system call (getppid), which libgomp's futex wakes pay twice per fork/join
+// even under ACTIVE wait (docs/performance.md, "What the second thread
+// costs"). Run by tools/experiments/fork_join.sh.
 #include <ATen/Parallel.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -34,5 +43,29 @@ int main() {
 #pragma omp parallel
     g_sink = omp_get_thread_num();
   });
+  // The flag round trip: the caller sets an odd value, the spinning thread
+  // answers with the next even one.
+  std::atomic<int64_t> flag{0};
+  std::atomic<bool> stop{false};
+  std::thread peer([&] {
+    int64_t seen = 0;
+    while (!stop.load(std::memory_order_acquire)) {
+      const int64_t v = flag.load(std::memory_order_acquire);
+      if (v != seen && (v & 1)) {
+        seen = v + 1;
+        flag.store(seen, std::memory_order_release);
+      }
+    }
+  });
+  int64_t next = 1;
+  time_it("spinning flag round trip", [&] {
+    flag.store(next, std::memory_order_release);
+    while (flag.load(std::memory_order_acquire) != next + 1) {
+    }
+    next += 2;
+  });
+  stop.store(true, std::memory_order_release);
+  peer.join();
+  time_it("one system call (getppid)", [] { g_sink = syscall(SYS_getppid); });
   return 0;
 }
