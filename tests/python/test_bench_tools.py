@@ -429,15 +429,17 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
 
 @test
 def fork_join_times_the_team_with_the_threads_asked_for():
-    # tools/experiments/fork_join.{sh,cpp}: both timings, on the thread count
-    # given (2 here; LibTorch's own default in Debian's build is 1), and bad
+    # tools/experiments/fork_join.{sh,cpp}: the two fork/join timings on the
+    # thread count given (2 here; LibTorch's own default in Debian's build is
+    # 1), then the spinning round trip and the system call for scale, and bad
     # arguments refused in one sentence.
     import re
     sh = os.path.join(TOOLS, "experiments", "fork_join.sh")
     r = subprocess.run([sh, "2", "active"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = re.findall(r"^(.+?)\s+median (\S+) us \((\d+) threads\)$", r.stdout, re.M)
-    assert [x[0].strip() for x in rows] == ["at::parallel_for(0, 64, 1)", "#pragma omp parallel"], r.stdout
+    assert [x[0].strip() for x in rows] == ["at::parallel_for(0, 64, 1)", "#pragma omp parallel",
+                                            "spinning flag round trip", "one system call (getppid)"], r.stdout
     assert all(float(x[1]) > 0 and x[2] == "2" for x in rows), rows
     for args, msg in ((["0"], "expected THREADS as a positive integer, found '0'"),
                       (["2", "spin"], "expected WAIT_POLICY active or passive, found 'spin'")):
