@@ -36,7 +36,7 @@
 # OpenMP's ACTIVE and PASSIVE wait policies. Prints one table per setting,
 # the largest ratio per setting over n = 17-64 (targets: slice-free within
 # 1.05x, 16 slices within 1.25x) and the n = 50 4-pass call against its
-# FLOP/exp bound. --quick: n = 17 and 50, d = 16, ACTIVE only. The timings
+# FLOP/exp bound (tools/bench/overhead_report.py). --quick: n = 17 and 50, d = 16, ACTIVE only. The timings
 # (median per operator) to $OUT when OUT is set (docs/bench_overhead.json).
 #
 #   tools/bench/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
@@ -120,70 +120,7 @@ if [ "${1:-}" = "--overhead" ]; then
       done
     done
   done
-  "$PY" - "$TMPD/index" "${OUT:-}" <<'PYEOF'
-import json, sys
-rows, raw = [], []
-for line in open(sys.argv[1]):
-    policy, d, slices, path = line.split()
-    data = json.load(open(path))
-    raw.append({"policy": policy, "d": int(d), "slices": int(slices),
-                "machine": {k: data["machine"].get(k) for k in ("cpu", "cores", "threads", "date", "isa",
-                                                               "omp_wait_policy", "peak_before", "peak_after",
-                                                               "peak") if k in data["machine"]},
-                "results": [{k: x.get(k) for k in ("op", "param", "n", "B", "H", "median_s", "bound_s",
-                                                   "bound_ratio")} for x in data["results"]]})
-    t = {(r["n"], r["op"], r["param"]): r for r in data["results"]}
-    print("\nOMP_WAIT_POLICY=%s, d = %s, %s, %d threads" % (policy, d, "slice-free" if slices == "0" else slices + " slices",
-                                                           data["machine"]["threads"]))
-    print("| n | family | k | passes | ASAP (ms) | Sinkhorn T' = passes (ms) | ratio |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    for n in sorted({k[0] for k in t}):
-        for fam, extra in (("asap", 0), ("asap_st", 0), ("asap_sm", 1), ("asap_s3", 3)):
-            for k in (1, 3):
-                a, s = t.get((n, fam, k)), t.get((n, "sinkhorn", k + extra))
-                if not a or not s:
-                    continue
-                ratio = a["median_s"] / s["median_s"]
-                name = {"asap": "alpha", "asap_st": "alpha+stats", "asap_sm": "alpha+softmax",
-                        "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
-                print("| %d | %s | %d | %d | %.4f | %.4f | %.2fx |" % (n, name, k, k + extra, 1e3 * a["median_s"],
-                                                                     1e3 * s["median_s"], ratio))
-                s1 = t.get((n, "sinkhorn", k + extra + 1))
-                rows.append((policy, int(d), int(slices), n, name, k, k + extra, ratio, a.get("bound_ratio"),
-                             a["median_s"] / s1["median_s"] if s1 else None))
-print("\nLargest ratio over n = 17-64 (target: slice-free <= 1.05x, 16 slices <= 1.25x; alpha, alpha+softmax,\n"
-      "alpha+softmax+sinkhorn3, then alpha+stats):")
-for policy in sorted({r[0] for r in rows}):
-    for d in sorted({r[1] for r in rows}):
-        for slices in sorted({r[2] for r in rows}):
-            # The families of the issue (every pass a log-sum-exp pass), then
-            # alpha+stats, whose score sweep (no exponential) is not counted as
-            # a pass: against T' = k, and against T' = k + 1, the loop it is
-            # meant to replace (docs/asap-math.md 6c).
-            for group in ("passes", "stats"):
-                sel = [r for r in rows if r[:3] == (policy, d, slices) and 17 <= r[3] <= 64
-                       and (r[4] == "alpha+stats") == (group == "stats")]
-                if not sel:
-                    continue
-                worst = max(sel, key=lambda r: r[7])
-                target = 1.05 if slices == 0 else 1.25
-                label = "slice-free" if slices == 0 else "%d slices" % slices
-                if group == "stats":
-                    nxt = max(sel, key=lambda r: r[9] or 0)
-                    print("  %-7s d=%-3d %-11s alpha+stats: %.2fx of T' = k (k=%d at n=%d), %.2fx of T' = k + 1 "
-                          "(k=%d at n=%d)" % (policy, d, label, worst[7], worst[5], worst[3], nxt[9] or 0, nxt[5],
-                                              nxt[3]))
-                    continue
-                print("  %-7s d=%-3d %-11s %.2fx (%s k=%d at n=%d) %s" % (
-                    policy, d, label, worst[7], worst[4], worst[5],
-                    worst[3], "met" if worst[7] <= target else "MISSED (target %.2fx)" % target))
-b = [r for r in rows if r[3] == 50 and r[4] == "alpha+softmax+sinkhorn3" and r[5] == 1 and r[8]]
-for r in b:
-    print("  n=50 4-pass alpha+softmax+sinkhorn3 k=1 (%s, d=%d, %s): %.2fx its FLOP/exp bound (stretch: <= 3x)"
-          % (r[0], r[1], "slice-free" if r[2] == 0 else "%d slices" % r[2], r[8]))
-if len(sys.argv) > 2 and sys.argv[2]:
-    json.dump(raw, open(sys.argv[2], "w"), indent=0)
-PYEOF
+  "$PY" "$ROOT/tools/bench/overhead_report.py" "$TMPD/index" "${OUT:-}"
   exit 0
 fi
 if [ "${1:-}" = "--features" ]; then

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Times one fork/join of LibTorch's OpenMP team (tools/experiments/fork_join.cpp)
-# and, for scale, a round trip of a flag between two spinning threads and one
-# system call,
-# with the threads and wait policy asap_bench uses. Installs nothing.
+# with the threads and wait policy asap_bench uses, and for scale a round trip
+# of a flag between two spinning threads and one system call. Installs nothing.
 #   tools/experiments/fork_join.sh [THREADS=2] [WAIT_POLICY=active]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

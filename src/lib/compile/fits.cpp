@@ -43,19 +43,6 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
   return f;
 }
 
-}  // namespace compile_detail
-
-bool is_feature_family(const std::string& features) {
-  try {
-    compile_detail::family_of(features, 1);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-namespace compile_detail {
-
 bool family_has_slices(const std::string& features) { return features.rfind("slices", 0) == 0; }
 
 std::string Fit::name() const {
@@ -143,4 +130,14 @@ FitTable fit_candidates(const Statistics& st, const FeatureFamily& widest, const
 }
 
 }  // namespace compile_detail
+
+bool is_feature_family(const std::string& features) {
+  try {
+    compile_detail::family_of(features, 1);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace asap
