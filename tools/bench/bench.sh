@@ -30,14 +30,16 @@
 # --overhead: what an ASAP map costs against the Sinkhorn loop of the same
 # log-sum-exp passes (the fused ASAP call), nothing rendered: every family
 # with p passes -- alpha (k closures: p = k), alpha+softmax (p = 1 + k),
-# alpha+softmax+sinkhorn3 (p = 3 + k), k = 1 and 3 -- against Sinkhorn
+# alpha+softmax+sinkhorn3 (p = 3 + k), and alpha+stats (p = k: its score
+# sweep has no exponential; also against T' = k + 1), k = 1 and 3 -- against Sinkhorn
 # T' = p, timed round-robin in the same run, at n = 17, 32, 50, 64, 128,
 # B x H = 16 x 4, d = 16 and 64, slice-free and with 16 slices, under
 # OpenMP's ACTIVE and PASSIVE wait policies. Prints one table per setting,
 # the largest ratio per setting over n = 17-64 (targets: slice-free within
 # 1.05x, 16 slices within 1.25x) and the n = 50 4-pass call against its
-# FLOP/exp bound (tools/bench/overhead_report.py). --quick: n = 17 and 50, d = 16, ACTIVE only. The timings
-# (median per operator) to $OUT when OUT is set (docs/bench_overhead.json).
+# FLOP/exp bound (tools/bench/overhead_report.py). --quick: n = 17 and 50,
+# d = 16, ACTIVE only. The timings (median per operator) to $OUT when OUT is
+# set (docs/bench_overhead.json).
 #
 #   tools/bench/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
