@@ -273,7 +273,7 @@ TEST_CASE("artifact: corrupt - future version") {
   TempDir tmp;
   const std::string path = valid(tmp.file("a.h5"));
   edit_file(path, [&](H5::H5File& f) { h5::write_int_attr(f, "format_version", 7, where_of(path)); });
-  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 5");
+  CHECK(read_error(path) == "artifact '" + path + "' has format_version 7 but this asapc reads versions 1 to 6");
 }
 
 TEST_CASE("artifact: corrupt - missing coef dataset") {
@@ -402,7 +402,8 @@ TEST_CASE("artifact: corrupt - unknown feature group is refused") {
   CHECK(read_error(path) ==
         "artifact '" + path +
             "': layer 'blocks.0.attn' (/layers/0000): attribute 'features' names unknown feature "
-            "group 'cosine' (known: sliced_potential, alpha, softmax_dual, sinkhorn_dual3, score_stats)");
+            "group 'cosine' (known: sliced_potential, alpha, softmax_dual, sinkhorn_dual3, score_stats, "
+            "centered_stats)");
 }
 
 TEST_CASE("artifact: corrupt - non-finite theta and wrong weight shapes") {
@@ -537,15 +538,30 @@ TEST_CASE("artifact: the score_stats group round trips as format version 5 and i
   CHECK(asap::FeatureFamily{5, true, true, false, true}.name() == "L5+alpha+softmax+stats");
 }
 
+TEST_CASE("artifact: the centered_stats group round trips as format version 6, is refused in version 5 and alone") {
+  check_group_version([](asap::FeatureFamily& f) { f.score_stats = f.centered_stats = true; }, "centered_stats", 6, 5);
+  CHECK(asap::FeatureFamily{5, true, true, false, true, true}.name() == "L5+alpha+softmax+cstats");
+  // centered_stats without score_stats names no family.
+  TempDir tmp;
+  const std::string path = valid(tmp.file("a.h5"));
+  edit_file(path, [&](H5::H5File& f) {
+    h5::write_int_attr(f, "format_version", 6, where_of(path));
+    h5::write_string_list_attr(f.openGroup("/layers/0000"), "features", {"sliced_potential", "alpha", "centered_stats"},
+                               where_of(path));
+  });
+  CHECK(read_error(path).find("feature group 'centered_stats' needs 'score_stats' before it, which attribute "
+                              "'features' omits") != std::string::npos);
+}
+
 TEST_CASE("artifact: every feature family, pooled and per head, round trips and computes the same operator") {
   TempDir tmp;
-  for (int fam = 0; fam < 5; ++fam)
+  for (int fam = 0; fam < 6; ++fam)
     for (bool per_head : {false, true}) {
       CAPTURE(fam);
       CAPTURE(per_head);
       asap::Artifact art = sample_artifact();
       auto& L = art.layers[1];                                                    // the q/k/v layer without weights
-      L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3, fam >= 4};  // the bank holds 2 slices
+      L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3, fam >= 4, fam >= 5};  // the bank holds 2 slices
       L.per_head = per_head;
       L.coef = at::randn({per_head ? L.spec.heads : 1, L.family.num_columns()}, at::kDouble);
       const std::string path = tmp.file("f" + std::to_string(fam) + (per_head ? "h" : "p") + ".h5");
@@ -554,7 +570,7 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       const auto& B = back.layers[1];
       CHECK(B.family == L.family);
       CHECK(B.per_head == per_head);
-      CHECK(back.format_version == (fam >= 4 ? 5 : 4));
+      CHECK(back.format_version == (fam >= 5 ? 6 : fam >= 4 ? 5 : 4));
       at::manual_seed(5);
       auto q = at::randn({2, L.spec.heads, 9, L.spec.head_dim}), k = at::randn({2, L.spec.heads, 9, L.spec.head_dim});
       auto v = at::randn({2, L.spec.heads, 9, L.spec.value_dim});

@@ -18,6 +18,7 @@
 #include "asap/verify.h"
 #include "choice_fixture.h"
 #include "compile/choose.h"
+#include "compile/phases.h"
 #include "compile_fixture.h"
 #include "io/layer_stream.h"
 #include "util/select.h"
@@ -72,12 +73,19 @@ std::vector<OperatorCandidate> synthetic_candidates() {
 TEST_CASE("compile: is_feature_family accepts the families compile parses and nothing else") {
   for (const char* f : asap::kDefaultFeatureFamilies) CHECK(asap::is_feature_family(f));
   for (const char* f : {"alpha", "alpha+softmax", "alpha+softmax+sinkhorn3", "alpha+stats", "alpha+softmax+stats",
-                        "alpha+softmax+sinkhorn3+stats", "slices+alpha+softmax+stats"})
+                        "alpha+softmax+sinkhorn3+stats", "slices+alpha+softmax+stats", "alpha+cstats",
+                        "alpha+softmax+sinkhorn3+cstats", "slices+alpha+cstats"})
     CHECK_MESSAGE(asap::is_feature_family(f), f);
   // +stats needs alpha, comes last and once; aliases are the CLI's, not compile's.
   for (const char* f : {"", "stats", "slices+stats", "+stats", "alpha+stats+stats", "alpha+softmax+stats+sinkhorn3",
-                        "softmax", "slices+", "alpha+", "paper", "all", "Alpha"})
+                        "softmax", "slices+", "alpha+", "paper", "all", "Alpha", "cstats", "slices+cstats",
+                        "alpha+stats+cstats", "alpha+cstats+stats", "alpha+cstats+cstats"})
     CHECK_MESSAGE(!asap::is_feature_family(f), f);
+  // +cstats is the five statistics columns, +stats the first three.
+  auto fam = asap::compile_detail::family_of("alpha+cstats", 1);
+  CHECK((fam.alpha && fam.score_stats && fam.centered_stats && fam.num_columns() == 6));
+  fam = asap::compile_detail::family_of("alpha+stats", 1);
+  CHECK((fam.score_stats && !fam.centered_stats && fam.num_columns() == 4));
 }
 
 TEST_CASE("compile: choice on known latencies -- each objective, lazy timing, Sinkhorn and fallback") {

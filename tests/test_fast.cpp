@@ -243,7 +243,59 @@ void check_col_stats(const asap::fast::detail::KernelTable<T>& K, double tol) {
       CHECK(y[ld] == T(-7));
     }
 }
+
+// col_stats_shifted and col_sums of one table against float64 loops.
+template <class T>
+void check_col_stats_shifted(const asap::fast::detail::KernelTable<T>& K, double tol) {
+  const int64_t ld = 96;
+  for (int64_t rows : {1, 2, 3, 16, 17, 40})
+    for (int64_t nc : {1, 2, 5, 8, 15, 16, 17, 33, 64, 70}) {
+      CAPTURE(rows);
+      CAPTURE(nc);
+      const int64_t out = ld + 1;
+      std::vector<T> M(rows * ld), shift(rows), mx(out, T(-7)), var(out, T(-7)), y(out, T(-7)), sums(out, T(-7));
+      for (int64_t r = 0; r < rows; ++r) {
+        shift[r] = static_cast<T>(std::cos(0.7 * r) * 5 + r);  // a shift per row, as large as the spread
+        for (int64_t c = 0; c < ld; ++c)
+          M[r * ld + c] = static_cast<T>(3.0 * c - 20 + std::sin(0.37 * (c * 131 + r * 17)) * (1 + r % 5));
+      }
+      for (int64_t c = 0; c < ld; ++c) y[c] = static_cast<T>(0.25 * c), sums[c] = static_cast<T>(c % 3);
+      const T w[2] = {T(0.5), T(-1.25)};
+      K.col_stats_shifted(rows, nc, M.data(), ld, shift.data(), mx.data(), var.data(), w, y.data());
+      K.col_sums(rows, nc, M.data(), ld, sums.data());
+      for (int64_t c = 0; c < nc; ++c) {
+        CAPTURE(c);
+        double m = -1e300, sum = 0, sq = 0, raw = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const double x = static_cast<double>(M[r * ld + c]) - static_cast<double>(shift[r]);
+          m = std::max(m, x), sum += x, raw += M[r * ld + c];
+        }
+        const double mu = sum / rows;
+        for (int64_t r = 0; r < rows; ++r) {
+          const double x = static_cast<double>(M[r * ld + c]) - static_cast<double>(shift[r]);
+          sq += (x - mu) * (x - mu);
+        }
+        CHECK(mx[c] == doctest::Approx(m).epsilon(tol).scale(20));
+        CHECK(var[c] == doctest::Approx(sq / rows).epsilon(tol).scale(400));
+        CHECK(y[c] == doctest::Approx(0.25 * c + 0.5 * m - 1.25 * (sq / rows)).epsilon(tol).scale(1000));
+        CHECK(sums[c] == doctest::Approx(c % 3 + raw).epsilon(tol).scale(20.0 * rows));
+      }
+      CHECK(mx[ld] == T(-7));  // nothing past roundup(nc, width) <= ld
+      CHECK(y[ld] == T(-7));
+      CHECK(sums[ld] == T(-7));
+    }
+}
 }  // namespace
+
+TEST_CASE("fast: col_stats_shifted and col_sums against float64 loops on every instruction set") {
+  // The centered_stats columns: each row of the transposed tile less its
+  // key's column mean (the shift), and the column sums that give the means.
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    check_col_stats_shifted(kernels_of(isa).f64, 1e-12);
+    check_col_stats_shifted(kernels_of(isa).f32, 2e-5);
+  }
+}
 
 TEST_CASE("fast: col_stats is each column's max, mean and standard deviation on every instruction set") {
   // The score statistics of each row, taken on the transposed tile: vector
@@ -909,7 +961,7 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
 
 TEST_CASE("fast: features match the reference (families, masks, ties)") {
   at::manual_seed(23);
-  std::vector<asap::FeatureFamily> fams(8);
+  std::vector<asap::FeatureFamily> fams(10);
   fams[0].slices = 16;
   fams[1].slices = 16, fams[1].alpha = true;
   fams[2].slices = 16, fams[2].alpha = true, fams[2].softmax_dual = true;
@@ -919,6 +971,9 @@ TEST_CASE("fast: features match the reference (families, masks, ties)") {
   fams[6].score_stats = true;  // the row score statistics alone, and with everything else
   fams[7].slices = 16, fams[7].alpha = true, fams[7].softmax_dual = true, fams[7].sinkhorn_dual3 = true;
   fams[7].score_stats = true;
+  fams[8].score_stats = fams[8].centered_stats = true;  // the centered statistics alone, and with everything else
+  fams[9] = fams[7];
+  fams[9].centered_stats = true;
   const int64_t d = 6;
   auto bank = asap::make_slice_bank(d, 16, 99);
   // Axis-aligned slices on integer data: exact ties in every projection.
@@ -996,7 +1051,7 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   at::manual_seed(41 + seed_base);
   // With slices, and slice-free (alpha, the softmax dual and the teacher's
   // dual after three steps taken from the passes the call runs anyway).
-  std::vector<asap::FeatureFamily> fams(10);
+  std::vector<asap::FeatureFamily> fams(12);
   fams[0].slices = 12;
   fams[1].slices = 24, fams[1].alpha = true;
   fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
@@ -1008,6 +1063,9 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   fams[7].alpha = true, fams[7].score_stats = true;
   fams[8].alpha = true, fams[8].softmax_dual = true, fams[8].sinkhorn_dual3 = true, fams[8].score_stats = true;
   fams[9].slices = 8, fams[9].alpha = true, fams[9].score_stats = true;
+  // The centered statistics (centered_stats): slice-free and with slices.
+  fams[10] = fams[7], fams[10].centered_stats = true;
+  fams[11] = fams[9], fams[11].centered_stats = true;
   int seed = seed_base;
   {
     for (int64_t n : {1, 2, 16, 17, 33, 64, 130}) {

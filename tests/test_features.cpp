@@ -238,3 +238,53 @@ TEST_CASE("features: the score_stats columns are each row's max, mean and standa
       }
   }
 }
+
+TEST_CASE("features: the centered_stats columns are the max and variance of each row of S_ij - c_j") {
+  // c_j = the mean of key j's scores over the rows that carry mass
+  // (docs/asap-math.md 6d), from plain loops.
+  at::manual_seed(19);
+  const int64_t n = 9, B = 2, H = 2;
+  auto q = at::randn({B, H, n, 4}, at::kDouble), k = at::randn({B, H, n, 4}, at::kDouble);
+  auto mask = at::ones({B, n}, at::kBool);
+  mask[0].slice(0, 6).fill_(false);  // sequence 0: keys 0..5; sequence 1: all 9
+  const double s = 0.7, eps = 0.6;
+  for (bool drop : {false, true}) {
+    CAPTURE(drop);
+    auto m = asap::log_marginals(mask, B, n, drop, at::kDouble, at::kCPU);
+    asap::FeatureFamily fam;
+    fam.alpha = true, fam.score_stats = true, fam.centered_stats = true;
+    REQUIRE(fam.num_columns() == 6);
+    CHECK(fam.stats_columns() == 5);
+    CHECK(fam.feature_passes() == 0);  // no log-sum-exp pass
+    CHECK(fam.name() == "alpha+cstats");
+    auto Psi = asap::build_features(q, k, m, asap::make_slice_bank(4, 1, 1), fam, s, eps);
+    REQUIRE(Psi.size(-1) == 6);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t keys = b == 0 ? 6 : n;
+        const int64_t rows = drop ? keys : n;  // rows that carry mass
+        auto S = [&](int64_t i, int64_t j) { return s * q[b][h][i].dot(k[b][h][j]).item<double>(); };
+        std::vector<double> c(keys, 0.0);
+        for (int64_t j = 0; j < keys; ++j)
+          for (int64_t i = 0; i < rows; ++i) c[j] += S(i, j) / rows;
+        std::vector<double> stat[2];
+        for (int64_t i = 0; i < n; ++i) {
+          double mx = -1e300, sum = 0, sq = 0;
+          for (int64_t j = 0; j < keys; ++j) mx = std::max(mx, S(i, j) - c[j]), sum += S(i, j) - c[j];
+          const double mean = sum / keys;
+          for (int64_t j = 0; j < keys; ++j) sq += (S(i, j) - c[j] - mean) * (S(i, j) - c[j] - mean);
+          stat[0].push_back(mx), stat[1].push_back(sq / keys);
+        }
+        for (int col = 0; col < 2; ++col) {
+          double mu = 0;
+          for (int64_t i = 0; i < rows; ++i) mu += stat[col][i] / rows;
+          for (int64_t i = 0; i < n; ++i) {
+            CAPTURE(col);
+            CAPTURE(i);
+            const double want = i < rows ? stat[col][i] - mu : 0.0;  // 0 on rows without mass
+            CHECK(Psi[b][h][i][4 + col].item<double>() == doctest::Approx(want).epsilon(1e-12).scale(1.0));
+          }
+        }
+      }
+  }
+}

@@ -39,8 +39,12 @@ constexpr const char* kArtifactFormat = "asapc-artifact";
 //   5 -- feature group "score_stats" (three columns: the max, mean and
 //        standard deviation of each query row's scores). Files without it
 //        are written as version 4, so readers of version 4 still read them.
-constexpr int kArtifactVersion = 5;
+//   6 -- feature group "centered_stats" (two columns after score_stats: the
+//        max and the variance of each query row's scores less the keys'
+//        column means). Only files with it are written as version 6.
+constexpr int kArtifactVersion = 6;
 constexpr int kArtifactScoreStatsSince = 5;
+constexpr int kArtifactCenteredStatsSince = 6;
 constexpr int kArtifactFixedStringsSince = 4;
 constexpr int kArtifactOldestReadable = 1;
 

@@ -34,7 +34,8 @@ class Communicator;
 struct Candidate {
   // "slices", "slices+alpha", "slices+alpha+softmax", "slices+alpha+softmax+sinkhorn3"
   // (slice prefixes from 0), or "alpha", "alpha+softmax", "alpha+softmax+sinkhorn3" (no slices);
-  // every family with alpha may end in "+stats" (the score_stats columns).
+  // every family with alpha may end in "+stats" (the score_stats columns) or "+cstats"
+  // (those and the centered_stats columns).
   std::string features;
   bool per_head = false;
 };
@@ -45,10 +46,12 @@ inline constexpr const char* kDefaultFeatureFamilies[] = {"slices",
                                                           "slices+alpha+softmax",
                                                           "slices+alpha+softmax+sinkhorn3",
                                                           "slices+alpha+stats",
-                                                          "slices+alpha+softmax+sinkhorn3+stats"};
+                                                          "slices+alpha+softmax+sinkhorn3+stats",
+                                                          "slices+alpha+cstats",
+                                                          "slices+alpha+softmax+sinkhorn3+cstats"};
 
 // Whether `features` names a candidate family (slices, slices+alpha, ...,
-// alpha+softmax+sinkhorn3, the alpha families optionally followed by +stats):
+// alpha+softmax+sinkhorn3, the alpha families optionally followed by +stats or +cstats):
 // the one parser compile itself uses, for front ends that word their own error.
 bool is_feature_family(const std::string& features);
 

@@ -39,7 +39,8 @@ struct TeacherResult {
 
 // Which columns the feature matrix Psi holds, in this fixed order:
 //   [ slice potentials 0..slices-1 | alpha | softmax_dual | sinkhorn_dual3 |
-//     score_stats (row max, row mean, row standard deviation) ].
+//     score_stats (row max, row mean, row standard deviation) |
+//     centered_stats (row max and row variance of S_ij - c_j, c_j the column mean) ].
 // Every column is centered over the mass-carrying query rows.
 struct FeatureFamily {
   int64_t slices = 0;           // sliced Kantorovich potentials (asap-math.md section 4)
@@ -50,15 +51,22 @@ struct FeatureFamily {
   bool score_stats = false;     // three columns: the max, mean and standard deviation of each query row's
                                 // scores S_ij = scale q_i.k_j over the active keys (docs/asap-math.md
                                 // section 6c): one sweep of the score tile, no exponential; format version 5
+  bool centered_stats = false;  // two more columns (only with score_stats): the max and the variance of
+                                // each query row's scores less their column means over the mass-carrying
+                                // rows, S_ij - c_j (docs/asap-math.md section 6d): a second sweep, no
+                                // exponential; format version 6
   int64_t num_columns() const {
-    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0) + (score_stats ? 3 : 0);
+    return slices + (alpha ? 1 : 0) + (softmax_dual ? 1 : 0) + (sinkhorn_dual3 ? 1 : 0) + (score_stats ? 3 : 0) +
+           (centered_stats ? 2 : 0);
   }
+  // Columns of the score statistics (score_stats and centered_stats), the last ones of Psi.
+  int64_t stats_columns() const { return (score_stats ? 3 : 0) + (centered_stats ? 2 : 0); }
   // Log-sum-exp passes the features cost before any closure.
   int feature_passes() const { return sinkhorn_dual3 ? 3 : softmax_dual ? 1 : 0; }
-  std::string name() const;  // e.g. "L64+alpha+softmax+sinkhorn3", "alpha+stats"
+  std::string name() const;  // e.g. "L64+alpha+softmax+sinkhorn3", "alpha+stats", "alpha+cstats"
   bool operator==(const FeatureFamily& o) const {
     return slices == o.slices && alpha == o.alpha && softmax_dual == o.softmax_dual &&
-           sinkhorn_dual3 == o.sinkhorn_dual3 && score_stats == o.score_stats;
+           sinkhorn_dual3 == o.sinkhorn_dual3 && score_stats == o.score_stats && centered_stats == o.centered_stats;
   }
 };
 

@@ -11,7 +11,9 @@ predicted dual and closures; also when the attribute is absent), "sinkhorn"
 (the teacher's loop cut to ``sinkhorn_steps`` = T' < T half-steps) and
 "teacher" (the exact loop, T half-steps). The last two have no feature
 columns. The feature group "score_stats" (three columns: the max, mean and
-standard deviation of each query row's scores) needs format_version 5.
+standard deviation of each query row's scores) needs format_version 5, and
+"centered_stats" (two more: the max and the variance of each row's scores less
+the keys' column means; only after score_stats) format_version 6.
 """
 import json
 import os
@@ -19,11 +21,12 @@ import os
 import numpy as np
 
 FORMAT = "asapc-artifact"
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 OPERATOR_KINDS = ("asap", "sinkhorn", "teacher")
-FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3", "score_stats")
+FEATURE_GROUPS = ("sliced_potential", "alpha", "softmax_dual", "sinkhorn_dual3", "score_stats",
+                  "centered_stats")
 # the first format_version that may hold a feature group (the others: any)
-FEATURE_GROUP_SINCE = {"sinkhorn_dual3": 2, "score_stats": 5}
+FEATURE_GROUP_SINCE = {"sinkhorn_dual3": 2, "score_stats": 5, "centered_stats": 6}
 
 
 class ArtifactError(ValueError):
@@ -52,6 +55,7 @@ class LayerParams:
     """
 
     score_stats = False     # row max, mean and standard deviation of the scores: 3 columns
+    centered_stats = False  # row max and variance of the scores less the column means: 2 more
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -64,13 +68,14 @@ class LayerParams:
     def family_name(self):
         parts = ["L%d" % self.slices] if self.slices else []
         parts += [n for n, on in (("alpha", self.alpha), ("softmax", self.softmax_dual),
-                                  ("sinkhorn3", self.sinkhorn_dual3), ("stats", self.score_stats)) if on]
+                                  ("sinkhorn3", self.sinkhorn_dual3),
+                                  ("cstats" if self.centered_stats else "stats", self.score_stats)) if on]
         return "+".join(parts) or "empty"
 
     @property
     def num_columns(self):
         return (self.slices + int(self.alpha) + int(self.softmax_dual) + int(self.sinkhorn_dual3)
-                + 3 * int(self.score_stats))
+                + 3 * int(self.score_stats) + 2 * int(self.centered_stats))
 
     @property
     def feature_passes(self):
@@ -152,6 +157,9 @@ def read_artifact(path):
                     if version < FEATURE_GROUP_SINCE.get(x, 1):
                         raise ArtifactError("%s: feature group '%s' needs format_version %d, but the "
                                             "file says %d" % (where, x, FEATURE_GROUP_SINCE[x], version))
+                if "centered_stats" in feats and "score_stats" not in feats:
+                    raise ArtifactError("%s: feature group 'centered_stats' needs 'score_stats' before it, "
+                                        "which attribute 'features' omits" % where)
                 slices = int(a["slices"])
                 op = _s(a["operator"]) if "operator" in a else "asap"
                 if op not in OPERATOR_KINDS:
@@ -186,6 +194,7 @@ def read_artifact(path):
                     qkv_order=_s(a.get("qkv_order", "qkv")) or "qkv", artifact_path=path,
                     slices=slices, alpha="alpha" in feats, softmax_dual="softmax_dual" in feats,
                     sinkhorn_dual3="sinkhorn_dual3" in feats, score_stats="score_stats" in feats,
+                    centered_stats="centered_stats" in feats,
                     per_head=bool(int(a["per_head"])),
                     default_closures=int(a["default_closures"]), theta=theta, coef=coef,
                     weights=weights, fit=fit)

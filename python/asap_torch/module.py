@@ -100,7 +100,7 @@ class CompiledArtifact:
                     "eps", "T", "mask", "multiply_by_n", "head_layout")},
                 "family": {"name": p.family_name, "slices": p.slices, "alpha": p.alpha,
                            "softmax_dual": p.softmax_dual, "sinkhorn_dual3": p.sinkhorn_dual3,
-                           "score_stats": p.score_stats,
+                           "score_stats": p.score_stats, "centered_stats": p.centered_stats,
                            "columns": p.num_columns, "feature_passes": p.feature_passes},
                 "operator": p.operator, "sinkhorn_steps": p.sinkhorn_steps,
                 "lse_passes": p.lse_passes, "describe": p.describe,

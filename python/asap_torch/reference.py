@@ -154,7 +154,8 @@ def sliced_potentials(q, k, m, theta, L, scale):
 
 def build_features(q, k, m, p, S=None):
     """Psi [B, H, n, P] of layer p (LayerParams), columns [slices | alpha |
-    softmax | sinkhorn3 | stats (row max, row mean, row standard deviation)]."""
+    softmax | sinkhorn3 | stats (row max, row mean, row standard deviation) |
+    centered stats (row max and variance of S_ij - c_j, c_j the column mean)]."""
     cols = []
     theta = p.theta if torch.is_tensor(p.theta) else torch.from_numpy(p.theta)
     if p.slices > 0:
@@ -189,6 +190,18 @@ def build_features(q, k, m, p, S=None):
         dev = torch.where(key, Sx - mean.unsqueeze(-1), zero)
         sd = ((dev * dev).sum(-1) / count).sqrt()
         cols += [center_rows(c, m).unsqueeze(-1) for c in (mx, mean, sd)]
+        if getattr(p, "centered_stats", False):
+            # The same rows less each key's mean over the rows that carry mass
+            # (section 6d): the max and the variance of S_ij - c_j.
+            rows = m.row_active.unsqueeze(-1)                             # [B, 1, n, 1]
+            nrows = m.row_active.sum(-1, keepdim=True).unsqueeze(-1).to(Sx.dtype)
+            c = torch.where(rows, Sx, zero).sum(-2, keepdim=True) / nrows  # [B, H, 1, n]
+            Sc = Sx - c
+            mxc = Sc.masked_fill(~key, -INF).amax(-1)
+            meanc = torch.where(key, Sc, zero).sum(-1) / count
+            devc = torch.where(key, Sc - meanc.unsqueeze(-1), zero)
+            varc = (devc * devc).sum(-1) / count
+            cols += [center_rows(c, m).unsqueeze(-1) for c in (mxc, varc)]
     if not cols:
         raise ValueError("layer '%s': the feature family has no columns" % p.name)
     return cols[0].contiguous() if len(cols) == 1 else torch.cat(cols, -1)

@@ -45,11 +45,11 @@ std::vector<asap::Candidate> candidates_of(const std::vector<std::string>& featu
   std::vector<asap::Candidate> out;
   for (auto f : fs) {
     if (f == "paper") f = "slices";
-    if (f == "all") f = "slices+alpha+softmax+sinkhorn3+stats";
+    if (f == "all") f = "slices+alpha+softmax+sinkhorn3+cstats";
     ASAP_CHECK(asap::is_feature_family(f),
                "--features takes slices (alias paper), slices+alpha, slices+alpha+softmax, "
                "slices+alpha+softmax+sinkhorn3, alpha, alpha+softmax or alpha+softmax+sinkhorn3, each family with "
-               "alpha optionally followed by +stats (all = slices+alpha+softmax+sinkhorn3+stats); found '",
+               "alpha optionally followed by +stats or +cstats (all = slices+alpha+softmax+sinkhorn3+cstats); found '",
                f, "'");
     if (heads != "per-head") out.push_back({f, false});
     if (heads != "pooled") out.push_back({f, true});
@@ -184,9 +184,10 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
   c->add_option("--features", a->features,
                 "candidate feature families: slices (paper), slices+alpha, slices+alpha+softmax, "
                 "slices+alpha+softmax+sinkhorn3, alpha, alpha+softmax, alpha+softmax+sinkhorn3, any family with "
-                "alpha followed by +stats (the row score statistics), all = slices+alpha+softmax+sinkhorn3+stats "
-                "(default: slices, slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3, "
-                "slices+alpha+stats and slices+alpha+softmax+sinkhorn3+stats, slice prefixes from 0)")
+                "alpha followed by +stats (the row score statistics) or +cstats (those and the column-centered ones), "
+                "all = slices+alpha+softmax+sinkhorn3+cstats (default: slices, slices+alpha, slices+alpha+softmax, "
+                "slices+alpha+softmax+sinkhorn3, and slices+alpha and slices+alpha+softmax+sinkhorn3 each with "
+                "+stats and with +cstats, slice prefixes from 0)")
       ->delimiter(',');
   c->add_option("--heads-mode", a->heads, "coefficients pooled, per-head, or auto (both candidates)")
       ->capture_default_str();

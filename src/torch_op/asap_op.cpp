@@ -197,6 +197,7 @@ std::string op_layer_info(int64_t handle, const std::string& layer) {
                    {"softmax_dual", f.softmax_dual},
                    {"sinkhorn_dual3", f.sinkhorn_dual3},
                    {"score_stats", f.score_stats},
+                   {"centered_stats", f.centered_stats},
                    {"columns", f.num_columns()},
                    {"feature_passes", f.feature_passes()}};
     j["per_head"] = L.per_head;

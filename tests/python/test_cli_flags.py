@@ -142,7 +142,7 @@ def heads_mode_and_features_restrict_the_candidates():
         assert layer["chosen"]["per_head"] is False
     s = compile_json(os.path.join(TMP, "h2.asap.h5"), "--heads-mode", "per-head", "--features", "all")
     for layer in s["layers"]:
-        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3+stats"
+        assert all(c["per_head"] and c["features"] == "slices+alpha+softmax+sinkhorn3+cstats"
                    for c in layer["candidates"])
 
 
@@ -161,8 +161,17 @@ def stats_families_are_default_candidates_and_refused_without_alpha():
     default = compile_json(os.path.join(TMP, "d.asap.h5"), "--heads-mode", "pooled", "--fit", "ls")
     for layer in default["layers"]:
         fams = {c["features"] for c in layer["candidates"]}
-        assert {"slices+alpha+stats", "slices+alpha+softmax+sinkhorn3+stats"} <= fams, fams
-    for bad in ("slices+stats", "stats", "alpha+stats+stats", "alpha+softmax+stats+sinkhorn3"):
+        assert {"slices+alpha+stats", "slices+alpha+softmax+sinkhorn3+stats", "slices+alpha+cstats",
+                "slices+alpha+softmax+sinkhorn3+cstats"} <= fams, fams
+    # +cstats: the centered statistics too (docs/asap-math.md 6d), written as format version 6.
+    s = compile_json(os.path.join(TMP, "cst.asap.h5"), "--features", "alpha+cstats", "--heads-mode", "per-head",
+                     "--no-zero-parameter")
+    for layer in s["layers"]:
+        assert layer["chosen"]["family"] == "alpha+cstats", layer["chosen"]
+    p = subprocess.run([ASAPC, "inspect", os.path.join(TMP, "cst.asap.h5")], capture_output=True, text=True)
+    assert p.returncode == 0 and "alpha+cstats" in p.stdout, (p.stdout, p.stderr)
+    for bad in ("slices+stats", "stats", "alpha+stats+stats", "alpha+softmax+stats+sinkhorn3", "cstats",
+                "alpha+stats+cstats", "alpha+cstats+stats"):
         p = subprocess.run([ASAPC, "compile", NAME + ".pt", "-o", os.path.join(TMP, "bad.asap.h5"), *BASE,
                             "--features", bad], capture_output=True, text=True)
         assert p.returncode == 2, (bad, p.returncode, p.stderr)

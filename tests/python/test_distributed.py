@@ -213,12 +213,13 @@ def same_relative_path_on_each_rank_reads_both_files():
 def latency_table(path):
     """A --latency-table for every operator compile may time (T = 6): a loop
     of p passes costs 1 + p, a map its passes plus 0.3 plus 0.01 per slice,
-    plus 0.5 with the score statistics."""
+    plus 0.5 with the score statistics (0.8 with the centered ones too)."""
     t = {"teacher": 7.0}
     t.update({"sinkhorn-%d" % p: 1.0 + p for p in range(1, 6)})
     for L in (0, 1, 2, 4, 8, 16, 32, 64):
         for extra, fp in (([], 0), (["alpha"], 0), (["alpha", "softmax"], 1), (["alpha", "softmax", "sinkhorn3"], 3),
-                          (["alpha", "stats"], 0.5), (["alpha", "softmax", "sinkhorn3", "stats"], 3.5)):
+                          (["alpha", "stats"], 0.5), (["alpha", "softmax", "sinkhorn3", "stats"], 3.5),
+                          (["alpha", "cstats"], 0.8), (["alpha", "softmax", "sinkhorn3", "cstats"], 3.8)):
             parts = (["L%d" % L] if L else []) + extra
             if parts:
                 for k in range(1, 6):

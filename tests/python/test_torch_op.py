@@ -125,7 +125,7 @@ def artifacts():
 
 def stats_artifacts():
     """{'vit': path, 'text': path}: the fixtures compiled with only families
-    holding the score_stats columns (vit: all = L+alpha+softmax+sinkhorn3+stats,
+    holding the score_stats columns (vit: L+alpha+softmax+sinkhorn3+stats,
     text: alpha+stats), whatever asapc would choose by default."""
     a = artifacts()
     if "vit_stats" not in _art:
@@ -133,13 +133,32 @@ def stats_artifacts():
         vit = os.path.join(WORK, "vit_stats.asap.h5")
         run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
              os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", vit,
-             "--features", "all"] + flags)
+             "--features", "slices+alpha+softmax+sinkhorn3+stats"] + flags)
         text = os.path.join(WORK, "text_stats.asap.h5")
         run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec",
              os.path.join(WORK, "text.spec.json"), "--calib", a["text_calib"], "-o", text,
              "--features", "alpha+stats"] + flags)
         _art.update(vit_stats=vit, text_stats=text)
     return {"vit": _art["vit_stats"], "text": _art["text_stats"]}
+
+
+def cstats_artifacts():
+    """{'vit': path, 'text': path}: the fixtures compiled with only families
+    holding the centered_stats columns (vit: all = L+alpha+softmax+sinkhorn3+cstats,
+    text: alpha+cstats)."""
+    a = artifacts()
+    if "vit_cstats" not in _art:
+        flags = asap_only_flags() + ["--no-report", "-q", "--threads", "1"]
+        vit = os.path.join(WORK, "vit_cstats.asap.h5")
+        run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
+             os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", vit,
+             "--features", "all"] + flags)
+        text = os.path.join(WORK, "text_cstats.asap.h5")
+        run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec",
+             os.path.join(WORK, "text.spec.json"), "--calib", a["text_calib"], "-o", text,
+             "--features", "alpha+cstats"] + flags)
+        _art.update(vit_cstats=vit, text_cstats=text)
+    return {"vit": _art["vit_cstats"], "text": _art["text_cstats"]}
 
 
 def vit_model():
@@ -833,8 +852,11 @@ def _features(g):
 
 
 def _written_version(params):
-    """The format_version asapc writes for these layers: 5 when an ASAP layer
-    has the score_stats columns, else 4."""
+    """The format_version asapc writes for these layers: 6 when an ASAP layer
+    has the centered_stats columns, else 5 when one has the score_stats
+    columns, else 4."""
+    if any(p.is_asap and p.centered_stats for p in params):
+        return 6
     return 5 if any(p.is_asap and p.score_stats for p in params) else 4
 
 
@@ -845,11 +867,12 @@ def kind_artifact(src, name, kinds, version=None):
     asapc would write the result, unless given)."""
     dst = os.path.join(WORK, name)
     shutil.copyfile(src, dst)
-    stats = False
+    stats = cstats = False
     with h5py.File(dst, "r+") as f:
         for key, kind in zip(sorted(f["layers"], key=int), kinds):
             if kind == "asap":
                 stats |= "score_stats" in _features(f["layers"][key])
+                cstats |= "centered_stats" in _features(f["layers"][key])
                 continue
             g = f["layers"][key]
             # fixed-length strings, as asapc writes (format_version 4)
@@ -864,7 +887,7 @@ def kind_artifact(src, name, kinds, version=None):
             del g["theta"], g["coef"]
             g["theta"] = np.zeros((hd, 0))
             g["coef"] = np.zeros((1, 0))
-        f.attrs["format_version"] = np.int64(version or (5 if stats else 4))
+        f.attrs["format_version"] = np.int64(version or (6 if cstats else 5 if stats else 4))
     return dst
 
 
@@ -1192,6 +1215,94 @@ def test_score_stats_artifacts():
         try:
             torch.ops.asap.load(bad)
             raise AssertionError("the C++ reader accepted score_stats in format_version 4")
+        except ValueError as e:
+            assert want in str(e), e
+
+
+def _cstats_by_hand(q, k, key_mask, scale, drop_queries):
+    """[B, H, n, 2] row max and variance (1/|J|) of S_ij - c_j over the active
+    keys J, c_j = the mean of key j's scores over the rows carrying mass,
+    centered over those rows (0 on the others), by loops over python floats."""
+    B, H, n, _ = q.shape
+    out = np.zeros((B, H, n, 2))
+    for b in range(B):
+        J = [j for j in range(n) if key_mask is None or bool(key_mask[b, j])]
+        rows = J if drop_queries else list(range(n))
+        for h in range(H):
+            S = [[scale * float(sum(q[b, h, i, c] * k[b, h, j, c] for c in range(q.shape[3]))) for j in J]
+                 for i in range(n)]
+            col = [sum(S[i][t] for i in rows) / len(rows) for t in range(len(J))]
+            for i in range(n):
+                x = [S[i][t] - col[t] for t in range(len(J))]
+                mu = sum(x) / len(x)
+                out[b, h, i] = (max(x), sum((v - mu) ** 2 for v in x) / len(x))
+            centered = out[b, h, rows] - out[b, h, rows].mean(0)
+            out[b, h] = 0
+            out[b, h, rows] = centered
+    return out
+
+
+@test
+def test_centered_stats_columns():
+    # the Python reference's two centered_stats columns against loops, masks as above
+    gen = torch.Generator().manual_seed(5)
+    B, H, n, d = 3, 2, 7, 4
+    q = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) * 2
+    mask = torch.ones(B, n, dtype=torch.bool)
+    mask[0, :2] = False
+    mask[1, 4:] = False
+    mask[2, 1::2] = False
+    for key_mask, mode in ((mask, "keep_queries"), (mask, "drop_queries"), (None, "keep_queries")):
+        p = asap_torch.artifact.LayerParams(
+            name="cstats", slices=0, alpha=True, softmax_dual=False, sinkhorn_dual3=False,
+            score_stats=True, centered_stats=True, score_scale=0.6, eps=1.0, theta=np.zeros((d, 0)), mask=mode)
+        assert (p.family_name, p.num_columns, p.feature_passes) == ("alpha+cstats", 6, 0)
+        m = reference.Marginals(key_mask, B, n, p.drop_queries, q.dtype, q.device)
+        tag = "mask=%s %s" % (key_mask is not None, mode)
+        Psi = reference.build_features(q, k, m, p)
+        assert Psi.shape == (B, H, n, 6), (tag, Psi.shape)
+        close(Psi[..., 1:4], _stats_by_hand(q, k, key_mask, 0.6, p.drop_queries), tag + " stats", 1e-12)
+        close(Psi[..., 4:], _cstats_by_hand(q, k, key_mask, 0.6, p.drop_queries), tag + " cstats", 1e-12)
+
+
+@test
+def test_centered_stats_artifacts():
+    # asapc's +cstats families: format_version 6, read alike by both readers,
+    # the operator agrees with the PyTorch fallback, and version 5 refuses them
+    paths = cstats_artifacts()
+    for kind, path in paths.items():
+        root, params = asap_torch.read_artifact(path)
+        assert root["format_version"] == 6, (kind, root["format_version"])
+        with h5py.File(path, "r") as f:
+            feats = [_features(f["layers"][key]) for key in sorted(f["layers"], key=int)]
+        for p, fs in zip(params, feats):
+            assert p.centered_stats and p.family_name.endswith("+cstats"), (kind, p.describe)
+            assert fs[-2:] == ["score_stats", "centered_stats"], fs
+            assert p.coef.shape[1] == p.num_columns == p.slices + {"vit": 8, "text": 6}[kind], p.coef.shape
+            assert np.abs(p.coef[:, -2:]).max() > 1e-4, (kind, p.name, p.coef[:, -2:])
+            infos = [asap_torch.load_artifact(path, backend=b).info(p.name)["family"] for b in BACKENDS]
+            assert all(i == infos[0] for i in infos), infos
+            assert infos[0]["centered_stats"] is True and infos[0]["columns"] == p.num_columns, infos
+    if OP:
+        for kind, path in paths.items():
+            for dtype in (torch.float32, torch.float64):
+                err = _compare_backends(kind, VIT if kind == "vit" else TEXT, dtype, True, path)
+                print("     %s +cstats %s: max abs difference op vs PyTorch %.2g" % (kind, dtype, err))
+    bad = os.path.join(WORK, "cstats_v5.asap.h5")
+    shutil.copyfile(paths["text"], bad)
+    with h5py.File(bad, "r+") as f:
+        f.attrs["format_version"] = np.int64(5)
+    want = "feature group 'centered_stats' needs format_version 6, but the file says 5"
+    try:
+        asap_torch.read_artifact(bad)
+        raise AssertionError("centered_stats accepted in format_version 5")
+    except asap_torch.ArtifactError as e:
+        assert want in str(e), e
+    if OP:
+        try:
+            torch.ops.asap.load(bad)
+            raise AssertionError("the C++ reader accepted centered_stats in format_version 5")
         except ValueError as e:
             assert want in str(e), e
 

@@ -9,7 +9,9 @@ the first NF calibration examples, and prints the held-out attention error again
 Columns (centered per head over the rows that carry mass): alpha = (s/2)||q_i||^2; f1 = the
 softmax dual row(0) + alpha; f3 = row(col(f1)) + alpha; mx, mu, sd = the max, mean and
 standard deviation of row i's scores S_ij = s q_i.k_j over the active keys (docs/asap-math.md
-section 6c). The maps' closures alternate column, row, ... from the predicted dual.
+section 6c); mxc, vc = the max and the variance of row i of S_ij - c_j, c_j the mean of key j's
+scores over the rows that carry mass (section 6d; "+cstats"). The maps' closures alternate column,
+row, ... from the predicted dual.
 
   /usr/bin/python3 tools/experiments/score_stats_maps.py calib_data/vit_mnist_t6 [NF]
   /usr/bin/python3 tools/experiments/score_stats_maps.py out/teachers/text_wordnet_t8 [NF]
@@ -84,8 +86,13 @@ def layer_table(L):
     mu = torch.where(key, S, torch.zeros(())).sum(-1) / cnt
     sd = (torch.where(key, (S - mu.unsqueeze(-1)) ** 2, torch.zeros(())).sum(-1) / cnt).sqrt()
     f1 = R.row_closure(S, g0, m, eps)
+    rows = m.row_active.unsqueeze(-1)
+    c = torch.where(rows & key, S, torch.zeros(())).sum(-2, keepdim=True) / rows.sum(-2, keepdim=True)
+    Sc = S - c
+    muc = torch.where(key, Sc, torch.zeros(())).sum(-1) / cnt
     cols = {"alpha": alpha, "f1": f1 + alpha, "f3": R.row_closure(S, col(f1), m, eps) + alpha,
-            "mx": S.amax(-1), "mu": mu, "sd": sd}
+            "mx": S.amax(-1), "mu": mu, "sd": sd, "mxc": Sc.amax(-1),
+            "vc": torch.where(key, (Sc - muc.unsqueeze(-1)) ** 2, torch.zeros(())).sum(-1) / cnt}
     target = R.center_rows(fT + alpha, m)
     act = m.row_active.expand(B, H, n)
 
@@ -107,8 +114,9 @@ def layer_table(L):
     for Tp in range(2, T):
         print("| Sinkhorn T' = %d | %d | %.4f |" % (Tp, Tp, err(R.plan_attention(S, *loop(Tp), eps, True))))
     parity = 1 if T % 2 == 0 else 0  # the map's last closure ends on the teacher's marginal
-    for names in (["alpha"], ["alpha", "mx", "mu", "sd"], ["alpha", "f1"], ["alpha", "f1", "mx", "mu", "sd"],
-                  ["alpha", "f1", "f3"], ["alpha", "f1", "f3", "mx", "mu", "sd"]):
+    st, cst = ["mx", "mu", "sd"], ["mx", "mu", "sd", "mxc", "vc"]
+    for names in (["alpha"], ["alpha"] + st, ["alpha"] + cst, ["alpha", "f1"], ["alpha", "f1"] + st,
+                  ["alpha", "f1"] + cst, ["alpha", "f1", "f3"], ["alpha", "f1", "f3"] + st, ["alpha", "f1", "f3"] + cst):
         fp = 3 if "f3" in names else 1 if "f1" in names else 0
         for kc in range(1, T - fp + 1):
             if kc % 2 == parity:

@@ -380,6 +380,7 @@ FeatureFamily widest_family(const Setup& setup, const CompileOptions& opt) {
     widest.softmax_dual |= f.softmax_dual;
     widest.sinkhorn_dual3 |= f.sinkhorn_dual3;
     widest.score_stats |= f.score_stats;
+    widest.centered_stats |= f.centered_stats;
   }
   return widest;
 }

@@ -22,11 +22,15 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
     if (!rest.empty() && rest[0] == '+') rest = rest.substr(1);
   }
   if (rest.empty() && features == "slices") return f;
-  const std::string stats_suffix = "+stats";
-  if (rest.size() > stats_suffix.size() &&
-      rest.compare(rest.size() - stats_suffix.size(), std::string::npos, stats_suffix) == 0) {
-    f.score_stats = true;
-    rest.resize(rest.size() - stats_suffix.size());
+  // "+stats": the score_stats columns; "+cstats": those and the centered_stats ones.
+  for (const char* sfx : {"+stats", "+cstats"}) {
+    const std::string suffix = sfx;
+    if (rest.size() > suffix.size() && rest.compare(rest.size() - suffix.size(), std::string::npos, suffix) == 0) {
+      f.score_stats = true;
+      f.centered_stats = suffix == "+cstats";
+      rest.resize(rest.size() - suffix.size());
+      break;
+    }
   }
   if (rest == "alpha") {
     f.alpha = true;
@@ -38,7 +42,7 @@ FeatureFamily family_of(const std::string& features, int64_t slices) {
     throw Error(str("unknown feature set '", features,
                     "': expected slices, slices+alpha, slices+alpha+softmax, slices+alpha+softmax+sinkhorn3, "
                     "alpha, alpha+softmax or alpha+softmax+sinkhorn3, each of the alpha families optionally "
-                    "followed by +stats"));
+                    "followed by +stats or +cstats"));
   }
   return f;
 }

@@ -80,7 +80,7 @@ class TableLatency : public LatencyModel {
 at::Tensor timing_coefficients(const FeatureFamily& fam) {
   at::Tensor c = at::zeros({1, fam.num_columns()}, at::kDouble);
   if (fam.alpha || fam.softmax_dual || fam.sinkhorn_dual3)
-    c[0][fam.num_columns() - 1 - (fam.score_stats ? 3 : 0)] = 1.0;
+    c[0][fam.num_columns() - 1 - fam.stats_columns()] = 1.0;
   else if (fam.slices > 0)
     c.fill_(1.0 / static_cast<double>(fam.slices));
   return c;

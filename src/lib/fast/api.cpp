@@ -353,6 +353,7 @@ detail::FeatureSpec<T> feature_spec(const FeatureFamily& fam, const detail::Scal
   fs.softmax = fam.softmax_dual;
   fs.sinkhorn3 = fam.sinkhorn_dual3;
   fs.stats = fam.score_stats;
+  fs.cstats = fam.centered_stats;
   return fs;
 }
 

@@ -622,7 +622,22 @@ double Engine<T>::gather_acc(double* out) {
 }
 
 template <class T>
-void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y) {
+void Engine<T>::column_means(T* c) {
+  // Column sums of the tile (the stored one, or recomputed chunks of rows).
+  const int64_t nv = round_up(nJ_, kt_.width), CR = ch_.chunk_rows;
+  for (int64_t j = 0; j < nv; ++j) c[j] = T(0);
+  for (int64_t r0 = 0; r0 < nR_; r0 += CR) {
+    const int64_t r1 = std::min(nR_, r0 + CR);
+    int64_t ld;
+    const T* t = tile(r0, r1, 0, nJ_, 0, &ld);
+    kt_.col_sums(r1 - r0, nJ_, t, ld, c);
+  }
+  const T inv = static_cast<T>(1.0 / static_cast<double>(nR_));
+  for (int64_t j = 0; j < nJ_; ++j) c[j] *= inv;
+}
+
+template <class T>
+void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* shift, T* mxc, T* vc, const T* wc) {
   const int64_t W = kt_.width;
   if (use_st_) {
     if (!st_ready_) build_transposed();
@@ -632,6 +647,8 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y) {
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
       kt_.col_stats(nJ_, c1 - c0, ST + c0, ldST_, mx + c0, mean + c0, sd + c0, w, y ? y + c0 : nullptr);
+      if (shift)
+        kt_.col_stats_shifted(nJ_, c1 - c0, ST + c0, ldST_, shift, mxc + c0, vc + c0, wc, y ? y + c0 : nullptr);
     });
     return;
   }
@@ -643,13 +660,15 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), ldt = round_up(r1 - r0, W);
     int64_t ld;
     const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
-    T* tt = scratch_[tid].stats.get((nJ_ + 4) * ldt);
+    T* tt = scratch_[tid].stats.get((nJ_ + 6) * ldt);
     T* o = tt + nJ_ * ldt;
     kt_.transpose(r1 - r0, nJ_, t, ld, tt, ldt);
     kt_.col_stats(nJ_, r1 - r0, tt, ldt, o, o + ldt, o + 2 * ldt, w, y ? o + 3 * ldt : nullptr);
+    if (shift) kt_.col_stats_shifted(nJ_, r1 - r0, tt, ldt, shift, o + 4 * ldt, o + 5 * ldt, wc, y ? o + 3 * ldt : nullptr);
     for (int64_t r = r0; r < r1; ++r) {
       mx[r] = o[r - r0], mean[r] = o[ldt + r - r0], sd[r] = o[2 * ldt + r - r0];
       if (y) y[r] = o[3 * ldt + r - r0];
+      if (shift) mxc[r] = o[4 * ldt + r - r0], vc[r] = o[5 * ldt + r - r0];
     }
   });
 }
@@ -690,13 +709,21 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
   if (fs.stats) {
     // Row statistics of S = eps S' over J (reference: build_features).
     const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
-    T* st[3] = {smx_.get(nv), smean_.get(nv), ssd_.get(nv)};
-    score_stats(st[0], st[1], st[2], nullptr, nullptr);
+    T* st[5] = {smx_.get(nv), smean_.get(nv), ssd_.get(nv), nullptr, nullptr};
+    T* shift = nullptr;
+    if (fs.cstats) {
+      shift = cmu_.get(round_up(nJ_, kt_.width));
+      column_means(shift);
+      st[3] = smxc_.get(nv), st[4] = svc_.get(nv);
+    }
+    score_stats(st[0], st[1], st[2], nullptr, nullptr, shift, st[3], st[4], nullptr);
     s0.col.resize(nR_);
     T* col = s0.col.data();
     const T e = static_cast<T>(eps);
-    for (T* c : st) {
-      for (int64_t r = 0; r < nR_; ++r) col[r] = e * c[r];
+    // The variance is in S'^2 units: eps^2 to S's.
+    const T scale[5] = {e, e, e, e, static_cast<T>(eps * eps)};
+    for (int c = 0; c < (fs.cstats ? 5 : 3); ++c) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = scale[c] * st[c][r];
       take_column(nR_, col, beta, p, s0, psi);
       ++p;
     }
@@ -755,7 +782,8 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
   }
   // The score_stats columns are eps times the statistics of S', so their
   // weighted sum is y = sum_c eps beta_c stat_c.
-  T* st[3] = {nullptr, nullptr, nullptr};
+  // The centered_stats columns are eps (max) and eps^2 (variance) times those of S'.
+  T* st[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   T* y = nullptr;
   if (p_st >= 0) {
     const T w[3] = {static_cast<T>(beta[p_st] * eps), static_cast<T>(beta[p_st + 1] * eps),
@@ -763,7 +791,15 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
     const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
     st[0] = smx_.get(nv), st[1] = smean_.get(nv), st[2] = ssd_.get(nv);
     y = sy_.get(nv);
-    score_stats(st[0], st[1], st[2], w, y);
+    T* shift = nullptr;
+    T wc[2] = {T(0), T(0)};
+    if (fs.cstats) {
+      shift = cmu_.get(round_up(nJ_, kt_.width));
+      column_means(shift);
+      st[3] = smxc_.get(nv), st[4] = svc_.get(nv);
+      wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
+    }
+    score_stats(st[0], st[1], st[2], w, y, shift, st[3], st[4], wc);
   }
   if (psi) {
     // The same columns as features(), rounded like the reference.
@@ -780,8 +816,9 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
       for (int64_t r = 0; r < nR_; ++r) col[r] = e * f3[r] + alpha[r];
       take_column(nR_, col, nullptr, p_s3, s0, psi);
     }
-    for (int c = 0; c < 3 && p_st >= 0; ++c) {
-      for (int64_t r = 0; r < nR_; ++r) col[r] = e * st[c][r];
+    const T scale[5] = {e, e, e, e, static_cast<T>(eps * eps)};
+    for (int c = 0; c < (fs.cstats ? 5 : 3) && p_st >= 0; ++c) {
+      for (int64_t r = 0; r < nR_; ++r) col[r] = scale[c] * st[c][r];
       take_column(nR_, col, nullptr, p_st + c, s0, psi);
     }
   }

@@ -71,7 +71,10 @@ struct FeatureSpec {
   bool alpha = false, softmax = false;
   bool sinkhorn3 = false;  // f3 = row(col(row(0))) + alpha, the teacher's dual after 3 steps
   bool stats = false;      // score_stats: max, mean, sd of each row of S = eps S' over J (three columns)
-  int64_t columns() const { return L + (alpha ? 1 : 0) + (softmax ? 1 : 0) + (sinkhorn3 ? 1 : 0) + (stats ? 3 : 0); }
+  bool cstats = false;     // centered_stats (with stats): max, variance of each row of S_ij - c_j (two columns)
+  int64_t columns() const {
+    return L + (alpha ? 1 : 0) + (softmax ? 1 : 0) + (sinkhorn3 ? 1 : 0) + (stats ? 3 : 0) + (cstats ? 2 : 0);
+  }
   bool needs_scores() const { return softmax || sinkhorn3 || stats; }
 };
 
@@ -203,11 +206,18 @@ class Engine {
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;            // the teacher's first steps for the softmax / sinkhorn3 columns
   Buf<T> smx_, smean_, ssd_, sy_;  // the score_stats columns (S' units) and their weighted sum
+  Buf<T> cmu_, smxc_, svc_;        // the keys' column means and the centered_stats columns (S' units)
+  // c_j = mean over R of S'_ij into c [round_up(nJ, width)] (kernel col_sums).
+  void column_means(T* c);
   // The max, mean and standard deviation of each row of S' over J into mx,
   // mean, sd [nR, each holding round_up(nR, width)] (kernel col_stats on the
   // transposed tile, built here when the row passes will use it, else on
   // transposed chunks of rows); with w [3], also y = w0 mx + w1 mean + w2 sd.
-  void score_stats(T* mx, T* mean, T* sd, const T* w, T* y);
+  // With shift [nJ] (the column means), also mxc and vc, the max and the
+  // variance of each row of S'_ij - shift_j (kernel col_stats_shifted), and
+  // with wc [2] y += wc0 mxc + wc1 vc.
+  void score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* shift = nullptr, T* mxc = nullptr,
+                   T* vc = nullptr, const T* wc = nullptr);
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
   // transposed projections [nR][Lp] and [nJ][Lp], positions as int32.
   Buf<T> thT_, XT_, YT_;

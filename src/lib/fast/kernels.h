@@ -118,6 +118,16 @@ struct KernelTable {
   // On the transposed score tile these are the rows' score statistics
   // (the score_stats columns).
   void (*col_stats)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y);
+  // The same over x = M[r, c] - shift[r] (shift [rows]): mx[c] = max_r x and
+  // var[c] = the variance of x about its mean (population), in whole vectors
+  // as col_stats writes them. With w [2], also y[c] += w[0] mx[c] + w[1] var[c]
+  // (y as col_stats left it). On the transposed score tile with shift = the
+  // keys' column means these are the centered_stats columns.
+  void (*col_stats_shifted)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var,
+                            const T* w, T* y);
+  // out[c] += sum_r M[r, c] for the columns of M [rows x nc] (ld), in whole
+  // vectors: out and M's rows must hold roundup(nc, width).
+  void (*col_sums)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out);
   // Whether every x[i], i < n, is finite (x * 0 is 0 for finite x, NaN
   // otherwise; independent vector accumulators).
   bool (*all_finite)(const T* x, int64_t n);

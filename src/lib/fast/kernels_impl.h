@@ -1377,6 +1377,78 @@ void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean,
   }
 }
 
+// NB vectors of columns of col_stats_shifted: x = M[r, c] - shift[r], the
+// running max and the sums of x - x0 (x0 = the column's first x).
+template <class T, int NB>
+inline void col_stats_shifted_block(int64_t rows, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
+                                    T* y) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V x0[NB], m[NB], s1[NB], s2[NB];
+  const V h0 = splat<V>(shift[0]);
+  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W) - h0, s1[b] = s2[b] = V{};
+  for (int64_t r = 1; r < rows; ++r) {
+    const V h = splat<V>(shift[r]);
+    for (int b = 0; b < NB; ++b) {
+      const V x = load<V>(M + r * ld + b * W) - h;
+      m[b] = vmax(m[b], x);
+      const V dx = x - x0[b];
+      s1[b] += dx;
+      s2[b] += dx * dx;
+    }
+  }
+  const V inv = splat<V>(T(1) / static_cast<T>(rows));
+  for (int b = 0; b < NB; ++b) {
+    const V d1 = s1[b] * inv;
+    const V v = vmax(s2[b] * inv - d1 * d1, V{});
+    store(mx + b * W, m[b]);
+    store(var + b * W, v);
+    if (y) store(y + b * W, load<V>(y + b * W) + splat<V>(w[0]) * m[b] + splat<V>(w[1]) * v);
+  }
+}
+
+template <class T>
+void col_stats_shifted(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
+                       T* y) {
+  constexpr int W = Vec<T>::W;
+  const int64_t nv = (nc + W - 1) / W;
+  int64_t v = 0;
+  for (; v + 4 <= nv; v += 4)
+    col_stats_shifted_block<T, 4>(rows, M + v * W, ld, shift, mx + v * W, var + v * W, w, y ? y + v * W : nullptr);
+  const int64_t o = v * W;
+  T* yo = y ? y + o : nullptr;
+  switch (nv - v) {
+    case 3:
+      col_stats_shifted_block<T, 3>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
+      break;
+    case 2:
+      col_stats_shifted_block<T, 2>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
+      break;
+    case 1:
+      col_stats_shifted_block<T, 1>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
+      break;
+    default:
+      break;
+  }
+}
+
+template <class T>
+void col_sums(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  const int64_t nv = (nc + W - 1) / W;
+  for (int64_t v = 0; v < nv; ++v) {
+    V s0 = load<V>(out + v * W), s1 = V{};
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      s0 += load<V>(M + r * ld + v * W);
+      s1 += load<V>(M + (r + 1) * ld + v * W);
+    }
+    if (r < rows) s0 += load<V>(M + r * ld + v * W);
+    store(out + v * W, s0 + s1);
+  }
+}
+
 template <class T>
 bool all_finite(const T* x, int64_t n) {
   using V = typename Vec<T>::V;
@@ -1425,7 +1497,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
                                 &vexp<T>,         &add_log_t<T>,    &lse_finish_t<T>,
                                 &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
-                                &col_stats<T>,    &all_finite<T>,   &peak_fma<T>};
+                                &col_stats<T>,    &col_stats_shifted<T>, &col_sums<T>, &all_finite<T>, &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};

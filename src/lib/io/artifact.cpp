@@ -44,6 +44,7 @@ constexpr const char* kFeatAlpha = "alpha";
 constexpr const char* kFeatSoftmax = "softmax_dual";
 constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";  // format version 2
 constexpr const char* kFeatScoreStats = "score_stats";    // format version 5
+constexpr const char* kFeatCenteredStats = "centered_stats";  // format version 6
 // Largest slice count a layer may declare: keeps slices + 3 columns and the
 // shape arithmetic far from int64 overflow (any real bank is far smaller).
 constexpr int64_t kMaxSlices = int64_t{1} << 31;
@@ -91,6 +92,7 @@ std::vector<std::string> feature_list(const FeatureFamily& f) {
   if (f.softmax_dual) v.push_back(kFeatSoftmax);
   if (f.sinkhorn_dual3) v.push_back(kFeatSinkhorn3);
   if (f.score_stats) v.push_back(kFeatScoreStats);
+  if (f.centered_stats) v.push_back(kFeatCenteredStats);
   return v;
 }
 
@@ -414,9 +416,11 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   std::vector<std::string> feats = h5::read_string_list_attr(g, "features", lw);
   std::set<std::string> seen;
   for (const auto& f : feats) {
-    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3 || f == kFeatScoreStats,
+    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3 || f == kFeatScoreStats ||
+                   f == kFeatCenteredStats,
                where, ": attribute 'features' names unknown feature group '", f, "' (known: ", kFeatSliced, ", ",
-               kFeatAlpha, ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ", ", kFeatScoreStats, ")");
+               kFeatAlpha, ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ", ", kFeatScoreStats, ", ", kFeatCenteredStats,
+               ")");
     ASAP_CHECK(seen.insert(f).second, where, ": attribute 'features' lists '", f, "' twice");
   }
   L.family.slices = I("slices");
@@ -431,6 +435,12 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   ASAP_CHECK(!L.family.score_stats || format_version >= kArtifactScoreStatsSince, where, ": feature group '",
              kFeatScoreStats, "' needs format_version ", kArtifactScoreStatsSince, ", but the file says ",
              format_version);
+  L.family.centered_stats = seen.count(kFeatCenteredStats) != 0;
+  ASAP_CHECK(!L.family.centered_stats || format_version >= kArtifactCenteredStatsSince, where, ": feature group '",
+             kFeatCenteredStats, "' needs format_version ", kArtifactCenteredStatsSince, ", but the file says ",
+             format_version);
+  ASAP_CHECK(!L.family.centered_stats || L.family.score_stats, where, ": feature group '", kFeatCenteredStats,
+             "' needs '", kFeatScoreStats, "' before it, which attribute 'features' omits");
   if (seen.count(kFeatSliced))
     ASAP_CHECK(L.family.slices >= 1, where, ": attribute 'features' includes '", kFeatSliced,
                "' but attribute 'slices' is ", L.family.slices, " (expected >= 1)");
@@ -498,10 +508,18 @@ void write_artifact(const std::string& path, const Artifact& art) {
   h5::write_atomically(path, root, [&](H5::H5File& f) {
     h5::write_string_attr(f, "format", kArtifactFormat, root);
     // Fixed-length strings (version 4) cannot be expressed by an older
-    // version; version 5 only when a layer has the score_stats columns.
-    bool stats = false;
-    for (const auto& l : art.layers) stats |= l.kind == OperatorKind::kAsap && l.family.score_stats;
-    h5::write_int_attr(f, "format_version", stats ? kArtifactScoreStatsSince : kArtifactFixedStringsSince, root);
+    // version; version 5 only when a layer has the score_stats columns, 6
+    // when one has the centered_stats ones.
+    bool stats = false, cstats = false;
+    for (const auto& l : art.layers) {
+      stats |= l.kind == OperatorKind::kAsap && l.family.score_stats;
+      cstats |= l.kind == OperatorKind::kAsap && l.family.centered_stats;
+    }
+    h5::write_int_attr(f, "format_version",
+                       cstats  ? kArtifactCenteredStatsSince
+                       : stats ? kArtifactScoreStatsSince
+                               : kArtifactFixedStringsSince,
+                       root);
     h5::write_string_attr(f, "asapc_version", art.asapc_version.empty() ? ASAP_VERSION_STRING : art.asapc_version,
                           root);
     h5::write_string_attr(f, "teacher_sha256", art.teacher_sha256, root);

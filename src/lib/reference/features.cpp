@@ -194,6 +194,19 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMar
     auto dev = at::where(key, Sx - mean.unsqueeze(-1), zero);
     auto sd = ((dev * dev).sum(-1) / count).sqrt();
     for (const auto& c : {mx, mean, sd}) cols.push_back(center_rows(c, m).unsqueeze(-1));
+    if (family.centered_stats) {
+      // The same rows less each key's column mean over the rows that carry
+      // mass (docs/asap-math.md 6d): the max and the variance of S_ij - c_j.
+      auto rows = m.row_active.unsqueeze(-1);                                       // [B, 1, n, 1]
+      auto nrows = m.row_active.sum(-1, /*keepdim=*/true).unsqueeze(-1).to(Sx.scalar_type());  // [B, 1, 1, 1]
+      auto c = at::where(rows, Sx, zero).sum(-2, /*keepdim=*/true) / nrows;          // [B, H, 1, n]
+      auto Sc = Sx - c;
+      auto mxc = Sc.masked_fill(key.logical_not(), -std::numeric_limits<double>::infinity()).amax(-1);
+      auto meanc = at::where(key, Sc, zero).sum(-1) / count;
+      auto devc = at::where(key, Sc - meanc.unsqueeze(-1), zero);
+      auto varc = (devc * devc).sum(-1) / count;
+      for (const auto& col : {mxc, varc}) cols.push_back(center_rows(col, m).unsqueeze(-1));
+    }
   }
   return cols.size() == 1 ? cols[0].contiguous() : at::cat(cols, -1);
 }

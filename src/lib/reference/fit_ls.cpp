@@ -72,7 +72,8 @@ void accumulate_ls(LsStats& s, const at::Tensor& Psi, const at::Tensor& target, 
 
 std::vector<int64_t> family_columns(const FeatureFamily& widest, const FeatureFamily& f) {
   ASAP_CHECK(f.slices <= widest.slices && (!f.alpha || widest.alpha) && (!f.softmax_dual || widest.softmax_dual) &&
-                 (!f.sinkhorn_dual3 || widest.sinkhorn_dual3) && (!f.score_stats || widest.score_stats),
+                 (!f.sinkhorn_dual3 || widest.sinkhorn_dual3) && (!f.score_stats || widest.score_stats) &&
+                 (!f.centered_stats || widest.centered_stats),
              "feature family ", f.name(), " is not contained in ", widest.name());
   std::vector<int64_t> cols;
   for (int64_t l = 0; l < f.slices; ++l) cols.push_back(l);
@@ -89,8 +90,13 @@ std::vector<int64_t> family_columns(const FeatureFamily& widest, const FeatureFa
     if (f.sinkhorn_dual3) cols.push_back(next);
     ++next;
   }
-  if (widest.score_stats && f.score_stats)
-    for (int64_t c = 0; c < 3; ++c) cols.push_back(next + c);
+  if (widest.score_stats) {
+    if (f.score_stats)
+      for (int64_t c = 0; c < 3; ++c) cols.push_back(next + c);
+    next += 3;
+  }
+  if (widest.centered_stats && f.centered_stats)
+    for (int64_t c = 0; c < 2; ++c) cols.push_back(next + c);
   return cols;
 }
 
