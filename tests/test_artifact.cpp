@@ -560,7 +560,7 @@ TEST_CASE("artifact: every feature family, pooled and per head, round trips and 
       CAPTURE(fam);
       CAPTURE(per_head);
       asap::Artifact art = sample_artifact();
-      auto& L = art.layers[1];                                                    // the q/k/v layer without weights
+      auto& L = art.layers[1];  // the q/k/v layer without weights
       L.family = asap::FeatureFamily{2, fam >= 1, fam >= 2, fam >= 3, fam >= 4, fam >= 5};  // the bank holds 2 slices
       L.per_head = per_head;
       L.coef = at::randn({per_head ? L.spec.heads : 1, L.family.num_columns()}, at::kDouble);

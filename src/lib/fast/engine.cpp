@@ -664,7 +664,8 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
     T* o = tt + nJ_ * ldt;
     kt_.transpose(r1 - r0, nJ_, t, ld, tt, ldt);
     kt_.col_stats(nJ_, r1 - r0, tt, ldt, o, o + ldt, o + 2 * ldt, w, y ? o + 3 * ldt : nullptr);
-    if (shift) kt_.col_stats_shifted(nJ_, r1 - r0, tt, ldt, shift, o + 4 * ldt, o + 5 * ldt, wc, y ? o + 3 * ldt : nullptr);
+    if (shift)
+      kt_.col_stats_shifted(nJ_, r1 - r0, tt, ldt, shift, o + 4 * ldt, o + 5 * ldt, wc, y ? o + 3 * ldt : nullptr);
     for (int64_t r = r0; r < r1; ++r) {
       mx[r] = o[r - r0], mean[r] = o[ldt + r - r0], sd[r] = o[2 * ldt + r - r0];
       if (y) y[r] = o[3 * ldt + r - r0];

@@ -216,8 +216,8 @@ class Engine {
   // With shift [nJ] (the column means), also mxc and vc, the max and the
   // variance of each row of S'_ij - shift_j (kernel col_stats_shifted), and
   // with wc [2] y += wc0 mxc + wc1 vc.
-  void score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* shift = nullptr, T* mxc = nullptr,
-                   T* vc = nullptr, const T* wc = nullptr);
+  void score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* shift = nullptr, T* mxc = nullptr, T* vc = nullptr,
+                   const T* wc = nullptr);
   // Lane-parallel sliced features (sort_network.h): theta^T [d][Lp], the
   // transposed projections [nR][Lp] and [nJ][Lp], positions as int32.
   Buf<T> thT_, XT_, YT_;

@@ -123,8 +123,8 @@ struct KernelTable {
   // as col_stats writes them. With w [2], also y[c] += w[0] mx[c] + w[1] var[c]
   // (y as col_stats left it). On the transposed score tile with shift = the
   // keys' column means these are the centered_stats columns.
-  void (*col_stats_shifted)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var,
-                            const T* w, T* y);
+  void (*col_stats_shifted)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
+                            T* y);
   // out[c] += sum_r M[r, c] for the columns of M [rows x nc] (ld), in whole
   // vectors: out and M's rows must hold roundup(nc, width).
   void (*col_sums)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out);

@@ -42,8 +42,8 @@ namespace {
 constexpr const char* kFeatSliced = "sliced_potential";
 constexpr const char* kFeatAlpha = "alpha";
 constexpr const char* kFeatSoftmax = "softmax_dual";
-constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";  // format version 2
-constexpr const char* kFeatScoreStats = "score_stats";    // format version 5
+constexpr const char* kFeatSinkhorn3 = "sinkhorn_dual3";      // format version 2
+constexpr const char* kFeatScoreStats = "score_stats";        // format version 5
 constexpr const char* kFeatCenteredStats = "centered_stats";  // format version 6
 // Largest slice count a layer may declare: keeps slices + 3 columns and the
 // shape arithmetic far from int64 overflow (any real bank is far smaller).
@@ -416,8 +416,8 @@ CompiledLayer read_layer(const H5::Group& g, const h5::Where& w, int64_t format_
   std::vector<std::string> feats = h5::read_string_list_attr(g, "features", lw);
   std::set<std::string> seen;
   for (const auto& f : feats) {
-    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3 || f == kFeatScoreStats ||
-                   f == kFeatCenteredStats,
+    ASAP_CHECK(f == kFeatSliced || f == kFeatAlpha || f == kFeatSoftmax || f == kFeatSinkhorn3 ||
+                   f == kFeatScoreStats || f == kFeatCenteredStats,
                where, ": attribute 'features' names unknown feature group '", f, "' (known: ", kFeatSliced, ", ",
                kFeatAlpha, ", ", kFeatSoftmax, ", ", kFeatSinkhorn3, ", ", kFeatScoreStats, ", ", kFeatCenteredStats,
                ")");

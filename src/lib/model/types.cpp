@@ -12,8 +12,10 @@ std::string FeatureFamily::name() const {
   if (alpha) add("alpha");
   if (softmax_dual) add("softmax");
   if (sinkhorn_dual3) add("sinkhorn3");
-  if (centered_stats) add("cstats");  // the five columns of score_stats and centered_stats
-  else if (score_stats) add("stats");
+  if (centered_stats)
+    add("cstats");  // the five columns of score_stats and centered_stats
+  else if (score_stats)
+    add("stats");
   return s.empty() ? "empty" : s;
 }
 

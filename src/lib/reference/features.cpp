@@ -197,9 +197,9 @@ at::Tensor build_features(const at::Tensor& q, const at::Tensor& k, const LogMar
     if (family.centered_stats) {
       // The same rows less each key's column mean over the rows that carry
       // mass (docs/asap-math.md 6d): the max and the variance of S_ij - c_j.
-      auto rows = m.row_active.unsqueeze(-1);                                       // [B, 1, n, 1]
+      auto rows = m.row_active.unsqueeze(-1);                                                  // [B, 1, n, 1]
       auto nrows = m.row_active.sum(-1, /*keepdim=*/true).unsqueeze(-1).to(Sx.scalar_type());  // [B, 1, 1, 1]
-      auto c = at::where(rows, Sx, zero).sum(-2, /*keepdim=*/true) / nrows;          // [B, H, 1, n]
+      auto c = at::where(rows, Sx, zero).sum(-2, /*keepdim=*/true) / nrows;                    // [B, H, 1, n]
       auto Sc = Sx - c;
       auto mxc = Sc.masked_fill(key.logical_not(), -std::numeric_limits<double>::infinity()).amax(-1);
       auto meanc = at::where(key, Sc, zero).sum(-1) / count;
