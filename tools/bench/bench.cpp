@@ -119,7 +119,7 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t n, int64_t d, uint64_t seed,
 }
 
 asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softmax, uint64_t seed,
-                               bool sinkhorn3 = false, bool stats = false) {
+                               bool sinkhorn3 = false, bool stats = false, bool cstats = false) {
   asap::CompiledLayer L;
   L.spec.name = "bench";
   L.spec.layout = asap::ProjLayout::kNone;
@@ -135,7 +135,8 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   L.family.alpha = true;
   L.family.softmax_dual = softmax;
   L.family.sinkhorn_dual3 = sinkhorn3;
-  L.family.score_stats = stats;
+  L.family.score_stats = stats || cstats;
+  L.family.centered_stats = cstats;
   L.per_head = true;
   // Coefficients like a fitted map's: weight 1 on the family's last dual
   // column (f3, else f1, else alpha; never a score_stats column), small
@@ -145,14 +146,14 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
   at::manual_seed(seed + 7);
   L.coef =
       at::randn({H, L.family.num_columns()}, at::kDouble) * (0.05 / static_cast<double>(std::max<int64_t>(slices, 1)));
-  L.coef.select(1, L.family.num_columns() - 1 - (stats ? 3 : 0)).add_(1.0);
+  L.coef.select(1, L.family.num_columns() - 1 - L.family.stats_columns()).add_(1.0);
   L.default_closures = 3;
   return L;
 }
 
 struct Op {
   std::string
-      name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_st, asap_sm, asap_s3, asap_ref
+      name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_st, asap_cst, asap_sm, asap_s3, asap_ref
   int param = 0;  // T or k (0 = none)
   std::function<void(const Inputs&)> run;
   std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
@@ -186,7 +187,8 @@ double bound_s(const Op& op, int64_t n, int64_t BH, int64_t d, int64_t slices, c
   double flops = 2.0 * n2 * (2.0 * static_cast<double>(d)), exps = 0;
   if (op.name == "teacher_fast" || op.name == "sinkhorn") {
     exps = op.param * n2;
-  } else if (op.name == "asap" || op.name == "asap_st" || op.name == "asap_sm" || op.name == "asap_s3") {
+  } else if (op.name == "asap" || op.name == "asap_st" || op.name == "asap_cst" || op.name == "asap_sm" ||
+             op.name == "asap_s3") {
     const int feature_passes = op.name == "asap_s3" ? 3 : op.name == "asap_sm" ? 1 : 0;
     flops += 4.0 * static_cast<double>(n) * static_cast<double>(d) * static_cast<double>(slices);
     exps = (op.param + feature_passes) * n2;
@@ -241,6 +243,9 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
   auto layer_sm = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed));
   // alpha and the row score statistics (score_stats): no feature pass.
   auto layer_st = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, false, s.seed, false, true));
+  // ... and the column-centered statistics too (centered_stats, +cstats): no feature pass either.
+  auto layer_cst =
+      std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, false, s.seed, false, true, true));
   // The family compile picks on the bundled teachers (default k = 1).
   auto layer_s3 = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed, true));
   auto eye = at::eye(s.d, at::kDouble);
@@ -279,6 +284,9 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                    }});
     ops.push_back({"asap_st", k, [ro, layer_st](const Inputs& in) {
                      sink(asap::fast::asap_layer(*layer_st, in.q, in.k, in.v, in.mask, ro).out);
+                   }});
+    ops.push_back({"asap_cst", k, [ro, layer_cst](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_cst, in.q, in.k, in.v, in.mask, ro).out);
                    }});
     ops.push_back({"asap_sm", k, [ro, layer_sm](const Inputs& in) {
                      sink(asap::fast::asap_layer(*layer_sm, in.q, in.k, in.v, in.mask, ro).out);

@@ -106,7 +106,8 @@ if [ "${1:-}" = "--overhead" ]; then
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   TMPD=$(mktemp -d)
   trap 'rm -rf "$TMPD"' EXIT
-  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_st_1,asap_st_3,asap_sm_1,asap_sm_3
+  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_st_1,asap_st_3,asap_cst_1,asap_cst_3
+  OPS=$OPS,asap_sm_1,asap_sm_3
   OPS=$OPS,asap_s3_1,asap_s3_3
   i=0
   for policy in $POLICIES; do

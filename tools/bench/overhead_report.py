@@ -56,14 +56,14 @@ for line in index_lines:
     print("| n | family | k | passes | ASAP (ms) | Sinkhorn T' = passes (ms) | ratio |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for n in sorted({k[0] for k in t}):
-        for fam, extra in (("asap", 0), ("asap_st", 0), ("asap_sm", 1), ("asap_s3", 3)):
+        for fam, extra in (("asap", 0), ("asap_st", 0), ("asap_cst", 0), ("asap_sm", 1), ("asap_s3", 3)):
             for k in (1, 3):
                 a, s = t.get((n, fam, k)), t.get((n, "sinkhorn", k + extra))
                 if not a or not s:
                     continue
                 ratio = a["median_s"] / s["median_s"]
-                name = {"asap": "alpha", "asap_st": "alpha+stats", "asap_sm": "alpha+softmax",
-                        "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
+                name = {"asap": "alpha", "asap_st": "alpha+stats", "asap_cst": "alpha+cstats",
+                        "asap_sm": "alpha+softmax", "asap_s3": "alpha+softmax+sinkhorn3"}[fam]
                 print("| %d | %s | %d | %d | %.4f | %.4f | %.2fx |" % (n, name, k, k + extra, 1e3 * a["median_s"],
                                                                      1e3 * s["median_s"], ratio))
                 s1 = t.get((n, "sinkhorn", k + extra + 1))
@@ -75,22 +75,23 @@ for policy in sorted({r[0] for r in rows}):
     for d in sorted({r[1] for r in rows}):
         for slices in sorted({r[2] for r in rows}):
             # The families of the issue (every pass a log-sum-exp pass), then
-            # alpha+stats, whose score sweep (no exponential) is not counted as
-            # a pass: against T' = k, and against T' = k + 1, the loop it is
-            # meant to replace (docs/asap-math.md 6c).
-            for group in ("passes", "stats"):
+            # alpha+stats and alpha+cstats, whose score sweeps (no exponential)
+            # are not counted as passes: against T' = k, and against T' = k + 1,
+            # the loop they are meant to replace (docs/asap-math.md 6c, 6d).
+            stats_families = ("alpha+stats", "alpha+cstats")
+            for group in ("passes",) + stats_families:
                 sel = [r for r in rows if r[:3] == (policy, d, slices) and 17 <= r[3] <= 64
-                       and (r[4] == "alpha+stats") == (group == "stats")]
+                       and (r[4] == group if group in stats_families else r[4] not in stats_families)]
                 if not sel:
                     continue
                 worst = max(sel, key=lambda r: r[7])
                 target = 1.05 if slices == 0 else 1.25
                 label = "slice-free" if slices == 0 else "%d slices" % slices
-                if group == "stats":
+                if group in stats_families:
                     nxt = max(sel, key=lambda r: r[9] or 0)
-                    print("  %-7s d=%-3d %-11s alpha+stats: %.2fx of T' = k (k=%d at n=%d), %.2fx of T' = k + 1 "
-                          "(k=%d at n=%d)" % (policy, d, label, worst[7], worst[5], worst[3], nxt[9] or 0, nxt[5],
-                                              nxt[3]))
+                    print("  %-7s d=%-3d %-11s %s: %.2fx of T' = k (k=%d at n=%d), %.2fx of T' = k + 1 "
+                          "(k=%d at n=%d)" % (policy, d, label, group, worst[7], worst[5], worst[3], nxt[9] or 0,
+                                              nxt[5], nxt[3]))
                     continue
                 print("  %-7s d=%-3d %-11s %.2fx (%s k=%d at n=%d) %s" % (
                     policy, d, label, worst[7], worst[4], worst[5],
