@@ -1177,46 +1177,53 @@ def test_score_stats_columns():
                                     p).shape == (B, H, n, 1)
 
 
-@test
-def test_score_stats_artifacts():
-    # asapc's +stats families: written as format_version 5, read alike by
-    # both readers, and the operator agrees with the PyTorch fallback
-    paths = stats_artifacts()
+def _check_stats_artifacts(paths, group, suffix, version, columns, stats_cols, min_coef):
+    """asapc's artifacts whose layers end in the feature group `group` (family
+    suffix `suffix`): written as format_version `version`, read alike by both
+    readers, the coefficients of the last `stats_cols` columns in use, the
+    operator agrees with the PyTorch fallback, and version - 1 is refused by
+    both readers. columns: {'vit': n, 'text': n} columns past the slices."""
     for kind, path in paths.items():
         root, params = asap_torch.read_artifact(path)
-        assert root["format_version"] == 5, (kind, root["format_version"])
+        assert root["format_version"] == version, (kind, root["format_version"])
         with h5py.File(path, "r") as f:
             feats = [_features(f["layers"][key]) for key in sorted(f["layers"], key=int)]
         for p, fs in zip(params, feats):
-            assert p.score_stats and p.family_name.endswith("+stats"), (kind, p.describe)
-            assert fs[-1] == "score_stats", fs           # after sinkhorn_dual3
-            assert p.coef.shape[1] == p.num_columns == p.slices + {"vit": 6, "text": 4}[kind], p.coef.shape
-            assert np.abs(p.coef[:, -3:]).max() > 1e-3, (kind, p.name, p.coef[:, -3:])
+            assert getattr(p, group) and p.family_name.endswith(suffix), (kind, p.describe)
+            assert fs[-1] == group, fs                   # the last group
+            assert p.coef.shape[1] == p.num_columns == p.slices + columns[kind], p.coef.shape
+            assert np.abs(p.coef[:, -stats_cols:]).max() > min_coef, (kind, p.name, p.coef[:, -stats_cols:])
             infos = [asap_torch.load_artifact(path, backend=b).info(p.name)["family"] for b in BACKENDS]
             assert all(i == infos[0] for i in infos), infos
-            assert infos[0]["score_stats"] is True and infos[0]["columns"] == p.num_columns, infos
+            assert infos[0][group] is True and infos[0]["columns"] == p.num_columns, infos
     if OP:
         for kind, path in paths.items():
             for dtype in (torch.float32, torch.float64):
                 err = _compare_backends(kind, VIT if kind == "vit" else TEXT, dtype, True, path)
-                print("     %s +stats %s: max abs difference op vs PyTorch %.2g" % (kind, dtype, err))
+                print("     %s %s %s: max abs difference op vs PyTorch %.2g" % (kind, suffix, dtype, err))
     # the group in an older file is refused by both readers
-    bad = os.path.join(WORK, "stats_v4.asap.h5")
+    bad = os.path.join(WORK, "%s_v%d.asap.h5" % (group, version - 1))
     shutil.copyfile(paths["text"], bad)
     with h5py.File(bad, "r+") as f:
-        f.attrs["format_version"] = np.int64(4)
-    want = "feature group 'score_stats' needs format_version 5, but the file says 4"
+        f.attrs["format_version"] = np.int64(version - 1)
+    want = "feature group '%s' needs format_version %d, but the file says %d" % (group, version, version - 1)
     try:
         asap_torch.read_artifact(bad)
-        raise AssertionError("score_stats accepted in format_version 4")
+        raise AssertionError("%s accepted in format_version %d" % (group, version - 1))
     except asap_torch.ArtifactError as e:
         assert want in str(e), e
     if OP:
         try:
             torch.ops.asap.load(bad)
-            raise AssertionError("the C++ reader accepted score_stats in format_version 4")
+            raise AssertionError("the C++ reader accepted %s in format_version %d" % (group, version - 1))
         except ValueError as e:
             assert want in str(e), e
+
+
+@test
+def test_score_stats_artifacts():
+    # asapc's +stats families (score_stats after sinkhorn_dual3): format_version 5
+    _check_stats_artifacts(stats_artifacts(), "score_stats", "+stats", 5, {"vit": 6, "text": 4}, 3, 1e-3)
 
 
 def _cstats_by_hand(q, k, key_mask, scale, drop_queries):
@@ -1268,43 +1275,8 @@ def test_centered_stats_columns():
 
 @test
 def test_centered_stats_artifacts():
-    # asapc's +cstats families: format_version 6, read alike by both readers,
-    # the operator agrees with the PyTorch fallback, and version 5 refuses them
-    paths = cstats_artifacts()
-    for kind, path in paths.items():
-        root, params = asap_torch.read_artifact(path)
-        assert root["format_version"] == 6, (kind, root["format_version"])
-        with h5py.File(path, "r") as f:
-            feats = [_features(f["layers"][key]) for key in sorted(f["layers"], key=int)]
-        for p, fs in zip(params, feats):
-            assert p.centered_stats and p.family_name.endswith("+cstats"), (kind, p.describe)
-            assert fs[-2:] == ["score_stats", "centered_stats"], fs
-            assert p.coef.shape[1] == p.num_columns == p.slices + {"vit": 8, "text": 6}[kind], p.coef.shape
-            assert np.abs(p.coef[:, -2:]).max() > 1e-4, (kind, p.name, p.coef[:, -2:])
-            infos = [asap_torch.load_artifact(path, backend=b).info(p.name)["family"] for b in BACKENDS]
-            assert all(i == infos[0] for i in infos), infos
-            assert infos[0]["centered_stats"] is True and infos[0]["columns"] == p.num_columns, infos
-    if OP:
-        for kind, path in paths.items():
-            for dtype in (torch.float32, torch.float64):
-                err = _compare_backends(kind, VIT if kind == "vit" else TEXT, dtype, True, path)
-                print("     %s +cstats %s: max abs difference op vs PyTorch %.2g" % (kind, dtype, err))
-    bad = os.path.join(WORK, "cstats_v5.asap.h5")
-    shutil.copyfile(paths["text"], bad)
-    with h5py.File(bad, "r+") as f:
-        f.attrs["format_version"] = np.int64(5)
-    want = "feature group 'centered_stats' needs format_version 6, but the file says 5"
-    try:
-        asap_torch.read_artifact(bad)
-        raise AssertionError("centered_stats accepted in format_version 5")
-    except asap_torch.ArtifactError as e:
-        assert want in str(e), e
-    if OP:
-        try:
-            torch.ops.asap.load(bad)
-            raise AssertionError("the C++ reader accepted centered_stats in format_version 5")
-        except ValueError as e:
-            assert want in str(e), e
+    # asapc's +cstats families (centered_stats after score_stats): format_version 6
+    _check_stats_artifacts(cstats_artifacts(), "centered_stats", "+cstats", 6, {"vit": 8, "text": 6}, 2, 1e-4)
 
 
 @test

@@ -1326,6 +1326,30 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T
   for (; r < n; ++r) phi[r] = x[r] - mean;
 }
 
+// The accumulators of col_stats and col_stats_shifted for NB vectors of
+// columns: x = M[r, c] (less shift[r] when shift is given), x0 = the
+// column's first x, the running max of x and the sums of x - x0 and of its
+// square over the rows.
+template <class T, int NB>
+__attribute__((always_inline)) inline void stats_accumulate(int64_t rows, const T* M, int64_t ld, const T* shift,
+                                                            typename Vec<T>::V* x0, typename Vec<T>::V* m,
+                                                            typename Vec<T>::V* s1, typename Vec<T>::V* s2) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  const V h0 = shift ? splat<V>(shift[0]) : V{};
+  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W) - h0, s1[b] = s2[b] = V{};
+  for (int64_t r = 1; r < rows; ++r) {
+    const V h = shift ? splat<V>(shift[r]) : V{};
+    for (int b = 0; b < NB; ++b) {
+      const V x = load<V>(M + r * ld + b * W) - h;
+      m[b] = vmax(m[b], x);
+      const V dx = x - x0[b];
+      s1[b] += dx;
+      s2[b] += dx * dx;
+    }
+  }
+}
+
 // NB vectors of columns of col_stats: the running max and the sums of x - x0
 // (x0 = the column's first entry, which keeps the variance's subtraction
 // away from the mean's magnitude), NB * 3 independent chains.
@@ -1334,15 +1358,7 @@ inline void col_stats_block(int64_t rows, const T* M, int64_t ld, T* mx, T* mean
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   V x0[NB], m[NB], s1[NB], s2[NB];
-  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W), s1[b] = s2[b] = V{};
-  for (int64_t r = 1; r < rows; ++r)
-    for (int b = 0; b < NB; ++b) {
-      const V x = load<V>(M + r * ld + b * W);
-      m[b] = vmax(m[b], x);
-      const V dx = x - x0[b];
-      s1[b] += dx;
-      s2[b] += dx * dx;
-    }
+  stats_accumulate<T, NB>(rows, M, ld, nullptr, x0, m, s1, s2);
   const V inv = splat<V>(T(1) / static_cast<T>(rows));
   for (int b = 0; b < NB; ++b) {
     const V d1 = s1[b] * inv;
@@ -1354,27 +1370,35 @@ inline void col_stats_block(int64_t rows, const T* M, int64_t ld, T* mx, T* mean
   }
 }
 
-template <class T>
-void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
-  constexpr int W = Vec<T>::W;
-  const int64_t nv = (nc + W - 1) / W;
+// Calls block(std::integral_constant<int, NB>, v) for the nv vectors of
+// columns of a statistics kernel: blocks of NB = 4 vectors from v = 0, then
+// one of the 1-3 left (NB * 3 independent chains each).
+template <class Block>
+inline void stats_blocks(int64_t nv, const Block& block) {
   int64_t v = 0;
-  for (; v + 4 <= nv; v += 4)
-    col_stats_block<T, 4>(rows, M + v * W, ld, mx + v * W, mean + v * W, sd + v * W, w, y ? y + v * W : nullptr);
-  const int64_t o = v * W;
+  for (; v + 4 <= nv; v += 4) block(std::integral_constant<int, 4>{}, v);
   switch (nv - v) {
     case 3:
-      col_stats_block<T, 3>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      block(std::integral_constant<int, 3>{}, v);
       break;
     case 2:
-      col_stats_block<T, 2>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      block(std::integral_constant<int, 2>{}, v);
       break;
     case 1:
-      col_stats_block<T, 1>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+      block(std::integral_constant<int, 1>{}, v);
       break;
     default:
       break;
   }
+}
+
+template <class T>
+void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
+  constexpr int W = Vec<T>::W;
+  stats_blocks((nc + W - 1) / W, [&](auto nb, int64_t v) {
+    const int64_t o = v * W;
+    col_stats_block<T, decltype(nb)::value>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
+  });
 }
 
 // NB vectors of columns of col_stats_shifted: x = M[r, c] - shift[r], the
@@ -1385,18 +1409,7 @@ inline void col_stats_shifted_block(int64_t rows, const T* M, int64_t ld, const 
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   V x0[NB], m[NB], s1[NB], s2[NB];
-  const V h0 = splat<V>(shift[0]);
-  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W) - h0, s1[b] = s2[b] = V{};
-  for (int64_t r = 1; r < rows; ++r) {
-    const V h = splat<V>(shift[r]);
-    for (int b = 0; b < NB; ++b) {
-      const V x = load<V>(M + r * ld + b * W) - h;
-      m[b] = vmax(m[b], x);
-      const V dx = x - x0[b];
-      s1[b] += dx;
-      s2[b] += dx * dx;
-    }
-  }
+  stats_accumulate<T, NB>(rows, M, ld, shift, x0, m, s1, s2);
   const V inv = splat<V>(T(1) / static_cast<T>(rows));
   for (int b = 0; b < NB; ++b) {
     const V d1 = s1[b] * inv;
@@ -1411,25 +1424,10 @@ template <class T>
 void col_stats_shifted(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
                        T* y) {
   constexpr int W = Vec<T>::W;
-  const int64_t nv = (nc + W - 1) / W;
-  int64_t v = 0;
-  for (; v + 4 <= nv; v += 4)
-    col_stats_shifted_block<T, 4>(rows, M + v * W, ld, shift, mx + v * W, var + v * W, w, y ? y + v * W : nullptr);
-  const int64_t o = v * W;
-  T* yo = y ? y + o : nullptr;
-  switch (nv - v) {
-    case 3:
-      col_stats_shifted_block<T, 3>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
-      break;
-    case 2:
-      col_stats_shifted_block<T, 2>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
-      break;
-    case 1:
-      col_stats_shifted_block<T, 1>(rows, M + o, ld, shift, mx + o, var + o, w, yo);
-      break;
-    default:
-      break;
-  }
+  stats_blocks((nc + W - 1) / W, [&](auto nb, int64_t v) {
+    const int64_t o = v * W;
+    col_stats_shifted_block<T, decltype(nb)::value>(rows, M + o, ld, shift, mx + o, var + o, w, y ? y + o : nullptr);
+  });
 }
 
 template <class T>
