@@ -152,9 +152,9 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
 }
 
 struct Op {
-  std::string
-      name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_st, asap_cst, asap_sm, asap_s3, asap_ref
-  int param = 0;  // T or k (0 = none)
+  std::string name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_st, asap_cst, asap_sm,
+                     // asap_s3, asap_ref
+  int param = 0;     // T or k (0 = none)
   std::function<void(const Inputs&)> run;
   std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
 };
