@@ -2,6 +2,8 @@
 // float64 cases (asap-math.md sections 4-5), plus the section-5 properties.
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include "asap/features.h"
 #include "asap/operator.h"
 #include "asap/runtime.h"
@@ -190,51 +192,66 @@ TEST_CASE("features: the sinkhorn3 column is the teacher's own dual after three 
   CHECK(asap::FeatureFamily{0, false, true, false}.feature_passes() == 1);
 }
 
+namespace {
+// The statistics tests' inputs: 2 sequences of 9 tokens (keys 0..5 in the
+// first, all 9 in the second), 2 heads of 4, float64.
+struct StatsCase {
+  int64_t n = 9, B = 2, H = 2;
+  double s = 0.7, eps = 0.6;
+  at::Tensor q, k, mask;
+  explicit StatsCase(uint64_t seed) {
+    at::manual_seed(seed);
+    q = at::randn({B, H, n, 4}, at::kDouble), k = at::randn({B, H, n, 4}, at::kDouble);
+    mask = at::ones({B, n}, at::kBool);
+    mask[0].slice(0, 6).fill_(false);
+  }
+  int64_t keys(int64_t b) const { return b == 0 ? 6 : n; }
+  double S(int64_t b, int64_t h, int64_t i, int64_t j) const { return s * q[b][h][i].dot(k[b][h][j]).item<double>(); }
+  // {max, mean, population variance} of S_ij - shift[j] over the active keys j, by loops.
+  std::array<double, 3> row(int64_t b, int64_t h, int64_t i, const std::vector<double>& shift) const {
+    double mx = -1e300, sum = 0, sq = 0;
+    for (int64_t j = 0; j < keys(b); ++j) mx = std::max(mx, S(b, h, i, j) - shift[j]), sum += S(b, h, i, j) - shift[j];
+    const double mean = sum / keys(b);
+    for (int64_t j = 0; j < keys(b); ++j) sq += (S(b, h, i, j) - shift[j] - mean) * (S(b, h, i, j) - shift[j] - mean);
+    return {mx, mean, sq / keys(b)};
+  }
+};
+
+// Psi[b][h][:, col] is stat centered over the first `rows` rows (those with mass) and 0 after.
+void check_centered_column(const at::Tensor& Psi, int64_t b, int64_t h, int64_t col, const std::vector<double>& stat,
+                           int64_t rows) {
+  double mu = 0;
+  for (int64_t i = 0; i < rows; ++i) mu += stat[i] / rows;
+  for (size_t i = 0; i < stat.size(); ++i) {
+    CAPTURE(col);
+    CAPTURE(i);
+    const double want = static_cast<int64_t>(i) < rows ? stat[i] - mu : 0.0;
+    CHECK(Psi[b][h][i][col].item<double>() == doctest::Approx(want).epsilon(1e-12).scale(1.0));
+  }
+}
+}  // namespace
+
 TEST_CASE("features: the score_stats columns are each row's max, mean and standard deviation over the active keys") {
-  at::manual_seed(17);
-  const int64_t n = 9, B = 2, H = 2;
-  auto q = at::randn({B, H, n, 4}, at::kDouble), k = at::randn({B, H, n, 4}, at::kDouble);
-  auto mask = at::ones({B, n}, at::kBool);
-  mask[0].slice(0, 6).fill_(false);  // sequence 0: keys 0..5; sequence 1: all 9
-  const double s = 0.7, eps = 0.6;
+  const StatsCase c(17);
   for (bool drop : {false, true}) {
     CAPTURE(drop);
-    auto m = asap::log_marginals(mask, B, n, drop, at::kDouble, at::kCPU);
+    auto m = asap::log_marginals(c.mask, c.B, c.n, drop, at::kDouble, at::kCPU);
     asap::FeatureFamily fam;
     fam.alpha = true, fam.score_stats = true;
     REQUIRE(fam.num_columns() == 4);
     CHECK(fam.feature_passes() == 0);  // no log-sum-exp pass
     CHECK(fam.name() == "alpha+stats");
-    auto Psi = asap::build_features(q, k, m, asap::make_slice_bank(4, 1, 1), fam, s, eps);
+    auto Psi = asap::build_features(c.q, c.k, m, asap::make_slice_bank(4, 1, 1), fam, c.s, c.eps);
     REQUIRE(Psi.size(-1) == 4);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t keys = b == 0 ? 6 : n;
-        const int64_t rows = drop ? keys : n;  // rows that carry mass
+    const std::vector<double> none(c.n, 0.0);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h) {
         std::vector<double> stat[3];
-        for (int64_t i = 0; i < n; ++i) {
-          double mx = -1e300, sum = 0, sq = 0;
-          for (int64_t j = 0; j < keys; ++j) {
-            const double x = s * q[b][h][i].dot(k[b][h][j]).item<double>();
-            mx = std::max(mx, x), sum += x;
-          }
-          const double mean = sum / keys;
-          for (int64_t j = 0; j < keys; ++j) {
-            const double x = s * q[b][h][i].dot(k[b][h][j]).item<double>();
-            sq += (x - mean) * (x - mean);
-          }
-          stat[0].push_back(mx), stat[1].push_back(mean), stat[2].push_back(std::sqrt(sq / keys));
+        for (int64_t i = 0; i < c.n; ++i) {
+          const auto r = c.row(b, h, i, none);
+          stat[0].push_back(r[0]), stat[1].push_back(r[1]), stat[2].push_back(std::sqrt(r[2]));
         }
-        for (int c = 0; c < 3; ++c) {
-          double mu = 0;
-          for (int64_t i = 0; i < rows; ++i) mu += stat[c][i] / rows;
-          for (int64_t i = 0; i < n; ++i) {
-            CAPTURE(c);
-            CAPTURE(i);
-            const double want = i < rows ? stat[c][i] - mu : 0.0;  // 0 on rows without mass
-            CHECK(Psi[b][h][i][1 + c].item<double>() == doctest::Approx(want).epsilon(1e-12).scale(1.0));
-          }
-        }
+        for (int col = 0; col < 3; ++col) check_centered_column(Psi, b, h, 1 + col, stat[col], drop ? c.keys(b) : c.n);
       }
   }
 }
@@ -242,49 +259,30 @@ TEST_CASE("features: the score_stats columns are each row's max, mean and standa
 TEST_CASE("features: the centered_stats columns are the max and variance of each row of S_ij - c_j") {
   // c_j = the mean of key j's scores over the rows that carry mass
   // (docs/asap-math.md 6d), from plain loops.
-  at::manual_seed(19);
-  const int64_t n = 9, B = 2, H = 2;
-  auto q = at::randn({B, H, n, 4}, at::kDouble), k = at::randn({B, H, n, 4}, at::kDouble);
-  auto mask = at::ones({B, n}, at::kBool);
-  mask[0].slice(0, 6).fill_(false);  // sequence 0: keys 0..5; sequence 1: all 9
-  const double s = 0.7, eps = 0.6;
+  const StatsCase c(19);
   for (bool drop : {false, true}) {
     CAPTURE(drop);
-    auto m = asap::log_marginals(mask, B, n, drop, at::kDouble, at::kCPU);
+    auto m = asap::log_marginals(c.mask, c.B, c.n, drop, at::kDouble, at::kCPU);
     asap::FeatureFamily fam;
     fam.alpha = true, fam.score_stats = true, fam.centered_stats = true;
     REQUIRE(fam.num_columns() == 6);
     CHECK(fam.stats_columns() == 5);
     CHECK(fam.feature_passes() == 0);  // no log-sum-exp pass
     CHECK(fam.name() == "alpha+cstats");
-    auto Psi = asap::build_features(q, k, m, asap::make_slice_bank(4, 1, 1), fam, s, eps);
+    auto Psi = asap::build_features(c.q, c.k, m, asap::make_slice_bank(4, 1, 1), fam, c.s, c.eps);
     REQUIRE(Psi.size(-1) == 6);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t keys = b == 0 ? 6 : n;
-        const int64_t rows = drop ? keys : n;  // rows that carry mass
-        auto S = [&](int64_t i, int64_t j) { return s * q[b][h][i].dot(k[b][h][j]).item<double>(); };
-        std::vector<double> c(keys, 0.0);
-        for (int64_t j = 0; j < keys; ++j)
-          for (int64_t i = 0; i < rows; ++i) c[j] += S(i, j) / rows;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h) {
+        const int64_t rows = drop ? c.keys(b) : c.n;  // rows that carry mass
+        std::vector<double> cm(c.keys(b), 0.0);
+        for (int64_t j = 0; j < c.keys(b); ++j)
+          for (int64_t i = 0; i < rows; ++i) cm[j] += c.S(b, h, i, j) / rows;
         std::vector<double> stat[2];
-        for (int64_t i = 0; i < n; ++i) {
-          double mx = -1e300, sum = 0, sq = 0;
-          for (int64_t j = 0; j < keys; ++j) mx = std::max(mx, S(i, j) - c[j]), sum += S(i, j) - c[j];
-          const double mean = sum / keys;
-          for (int64_t j = 0; j < keys; ++j) sq += (S(i, j) - c[j] - mean) * (S(i, j) - c[j] - mean);
-          stat[0].push_back(mx), stat[1].push_back(sq / keys);
+        for (int64_t i = 0; i < c.n; ++i) {
+          const auto r = c.row(b, h, i, cm);
+          stat[0].push_back(r[0]), stat[1].push_back(r[2]);
         }
-        for (int col = 0; col < 2; ++col) {
-          double mu = 0;
-          for (int64_t i = 0; i < rows; ++i) mu += stat[col][i] / rows;
-          for (int64_t i = 0; i < n; ++i) {
-            CAPTURE(col);
-            CAPTURE(i);
-            const double want = i < rows ? stat[col][i] - mu : 0.0;  // 0 on rows without mass
-            CHECK(Psi[b][h][i][4 + col].item<double>() == doctest::Approx(want).epsilon(1e-12).scale(1.0));
-          }
-        }
+        for (int col = 0; col < 2; ++col) check_centered_column(Psi, b, h, 4 + col, stat[col], rows);
       }
   }
 }

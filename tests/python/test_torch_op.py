@@ -123,42 +123,30 @@ def artifacts():
     return _art
 
 
-def stats_artifacts():
-    """{'vit': path, 'text': path}: the fixtures compiled with only families
-    holding the score_stats columns (vit: L+alpha+softmax+sinkhorn3+stats,
-    text: alpha+stats), whatever asapc would choose by default."""
+def _family_artifacts(tag, vit_features, text_features):
+    """{'vit': path, 'text': path}: the fixtures compiled with only the given
+    families, whatever asapc would choose by default (cached under tag)."""
     a = artifacts()
-    if "vit_stats" not in _art:
+    if "vit_" + tag not in _art:
         flags = asap_only_flags() + ["--no-report", "-q", "--threads", "1"]
-        vit = os.path.join(WORK, "vit_stats.asap.h5")
-        run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
-             os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", vit,
-             "--features", "slices+alpha+softmax+sinkhorn3+stats"] + flags)
-        text = os.path.join(WORK, "text_stats.asap.h5")
-        run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec",
-             os.path.join(WORK, "text.spec.json"), "--calib", a["text_calib"], "-o", text,
-             "--features", "alpha+stats"] + flags)
-        _art.update(vit_stats=vit, text_stats=text)
-    return {"vit": _art["vit_stats"], "text": _art["text_stats"]}
+        for kind, ckpt, spec, calib, feats in (
+                ("vit", "vit_checkpoint.pt", os.path.join(FIXTURES, "vit.spec.json"), a["vit_calib"], vit_features),
+                ("text", "text_state_dict.pt", os.path.join(WORK, "text.spec.json"), a["text_calib"], text_features)):
+            out = os.path.join(WORK, "%s_%s.asap.h5" % (kind, tag))
+            run([ASAPC, "compile", os.path.join(FIXTURES, ckpt), "--spec", spec, "--calib", calib, "-o", out,
+                 "--features", feats] + flags)
+            _art[kind + "_" + tag] = out
+    return {"vit": _art["vit_" + tag], "text": _art["text_" + tag]}
+
+
+def stats_artifacts():
+    """The fixtures with the score_stats columns (vit: L+alpha+softmax+sinkhorn3+stats, text: alpha+stats)."""
+    return _family_artifacts("stats", "slices+alpha+softmax+sinkhorn3+stats", "alpha+stats")
 
 
 def cstats_artifacts():
-    """{'vit': path, 'text': path}: the fixtures compiled with only families
-    holding the centered_stats columns (vit: all = L+alpha+softmax+sinkhorn3+cstats,
-    text: alpha+cstats)."""
-    a = artifacts()
-    if "vit_cstats" not in _art:
-        flags = asap_only_flags() + ["--no-report", "-q", "--threads", "1"]
-        vit = os.path.join(WORK, "vit_cstats.asap.h5")
-        run([ASAPC, "compile", os.path.join(FIXTURES, "vit_checkpoint.pt"), "--spec",
-             os.path.join(FIXTURES, "vit.spec.json"), "--calib", a["vit_calib"], "-o", vit,
-             "--features", "all"] + flags)
-        text = os.path.join(WORK, "text_cstats.asap.h5")
-        run([ASAPC, "compile", os.path.join(FIXTURES, "text_state_dict.pt"), "--spec",
-             os.path.join(WORK, "text.spec.json"), "--calib", a["text_calib"], "-o", text,
-             "--features", "alpha+cstats"] + flags)
-        _art.update(vit_cstats=vit, text_cstats=text)
-    return {"vit": _art["vit_cstats"], "text": _art["text_cstats"]}
+    """The fixtures with the centered_stats columns (vit: all = L+alpha+softmax+sinkhorn3+cstats, text: alpha+cstats)."""
+    return _family_artifacts("cstats", "all", "alpha+cstats")
 
 
 def vit_model():
@@ -1137,19 +1125,26 @@ def _stats_by_hand(q, k, key_mask, scale, drop_queries):
     return out
 
 
+def _stats_case(seed):
+    """q, k [3, 2, 7, 4] (float64) and a key mask padding sequence 0 in front,
+    1 at the end and 2 in every other token; key 0 large (padded in sequence 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 2, 7, 4, generator=gen, dtype=torch.float64)
+    k = torch.randn(3, 2, 7, 4, generator=gen, dtype=torch.float64) * 2
+    k[:, :, 0] *= 3
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, :2] = False
+    mask[1, 4:] = False
+    mask[2, 1::2] = False
+    return q, k, mask
+
+
 @test
 def test_score_stats_columns():
     # the Python reference's three columns against loops, with padded keys
     # (in front and at the end), padded queries kept or dropped, and no mask
-    gen = torch.Generator().manual_seed(3)
-    B, H, n, d = 3, 2, 7, 4
-    q = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
-    k = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) * 2
-    mask = torch.ones(B, n, dtype=torch.bool)
-    mask[0, :2] = False
-    mask[1, 4:] = False
-    mask[2, 1::2] = False
-    k[:, :, 0] *= 3                                    # a large key, padded in sequence 0
+    q, k, mask = _stats_case(3)
+    B, H, n, d = q.shape
     for key_mask, mode in ((mask, "keep_queries"), (mask, "drop_queries"), (None, "keep_queries")):
         p = asap_torch.artifact.LayerParams(
             name="stats", slices=0, alpha=True, softmax_dual=False, sinkhorn_dual3=False,
@@ -1252,14 +1247,8 @@ def _cstats_by_hand(q, k, key_mask, scale, drop_queries):
 @test
 def test_centered_stats_columns():
     # the Python reference's two centered_stats columns against loops, masks as above
-    gen = torch.Generator().manual_seed(5)
-    B, H, n, d = 3, 2, 7, 4
-    q = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64)
-    k = torch.randn(B, H, n, d, generator=gen, dtype=torch.float64) * 2
-    mask = torch.ones(B, n, dtype=torch.bool)
-    mask[0, :2] = False
-    mask[1, 4:] = False
-    mask[2, 1::2] = False
+    q, k, mask = _stats_case(5)
+    B, H, n, d = q.shape
     for key_mask, mode in ((mask, "keep_queries"), (mask, "drop_queries"), (None, "keep_queries")):
         p = asap_torch.artifact.LayerParams(
             name="cstats", slices=0, alpha=True, softmax_dual=False, sinkhorn_dual3=False,
@@ -1276,7 +1265,26 @@ def test_centered_stats_columns():
 @test
 def test_centered_stats_artifacts():
     # asapc's +cstats families (centered_stats after score_stats): format_version 6
-    _check_stats_artifacts(cstats_artifacts(), "centered_stats", "+cstats", 6, {"vit": 8, "text": 6}, 2, 1e-4)
+    paths = cstats_artifacts()
+    _check_stats_artifacts(paths, "centered_stats", "+cstats", 6, {"vit": 8, "text": 6}, 2, 1e-4)
+    # and without score_stats before it, refused by both readers
+    bad = os.path.join(WORK, "cstats_alone.asap.h5")
+    shutil.copyfile(paths["text"], bad)
+    with h5py.File(bad, "r+") as f:
+        g = f["layers"][sorted(f["layers"], key=int)[0]]
+        g.attrs["features"] = np.array([x.encode() for x in _features(g) if x != "score_stats"], dtype="S16")
+    want = "feature group 'centered_stats' needs 'score_stats' before it, which attribute 'features' omits"
+    try:
+        asap_torch.read_artifact(bad)
+        raise AssertionError("centered_stats accepted without score_stats")
+    except asap_torch.ArtifactError as e:
+        assert want in str(e) and bad in str(e), e
+    if OP:
+        try:
+            torch.ops.asap.load(bad)
+            raise AssertionError("the C++ reader accepted centered_stats without score_stats")
+        except ValueError as e:
+            assert want in str(e), e
 
 
 @test

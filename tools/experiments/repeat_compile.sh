@@ -9,7 +9,9 @@
 #   tools/experiments/repeat_compile.sh [BASE] [N] [extra asapc compile flags...]
 #   BASE defaults to calib_data/vit_mnist_t6 (BASE.pt, BASE.spec.json,
 #   BASE.calib.h5); N to 10. ASAPC (default build/asapc), PYTHON (default
-#   /usr/bin/python3).
+#   /usr/bin/python3). EVALUATE=1 also runs each artifact over the teacher's
+#   whole test split (tools/train/evaluate.py run --max-closures 0; needs
+#   tools/train/fetch_data.sh's data) and prints its agreement line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=${1:-calib_data/vit_mnist_t6}
@@ -35,4 +37,8 @@ print(head + " | ".join("%s: %s, error %.4f, %sx" % (
     L["layer"], L["chosen"]["description"], L["chosen"]["heldout_attention_error"],
     "%.2f" % L["chosen"]["speedup"] if L["chosen"].get("speedup") else "-") for L in d["layers"]))
 PY
+  if [ "${EVALUATE:-0}" = 1 ]; then
+    "$PYTHON" tools/train/evaluate.py run --name "$(basename "$BASE")" --teacher "$BASE.pt" --artifact "$TMP/a.h5" \
+      --max-closures 0 -o "$TMP/e.json" 2>&1 | grep -E '\(default\)|ASAP default' | sed "s/^ */run $i: /"
+  fi
 done

@@ -13,8 +13,14 @@ section 6c); mxc, vc = the max and the variance of row i of S_ij - c_j, c_j the 
 scores over the rows that carry mass (section 6d; "+cstats"). The maps' closures alternate column,
 row, ... from the predicted dual.
 
-  /usr/bin/python3 tools/experiments/score_stats_maps.py calib_data/vit_mnist_t6 [NF]
-  /usr/bin/python3 tools/experiments/score_stats_maps.py out/teachers/text_wordnet_t8 [NF]
+  /usr/bin/python3 tools/experiments/score_stats_maps.py calib_data/vit_mnist_t6 [NF] [--variants]
+  /usr/bin/python3 tools/experiments/score_stats_maps.py out/teachers/text_wordnet_t8 [NF] [--variants]
+
+--variants prints instead the column-side statistics tried before centered_stats was chosen
+(docs/decisions.md, "The column-centered row statistics"), each added to alpha+mx+mu+sd, with
+k = 1 and k = 3: var = sd^2; top2 = the second largest score; the row statistics (max, mean,
+variance; sd its root) of S_ij - c_j (c), of S_ij - max_i S_ij (x), of S_ij + g_j with g a
+Gaussian (mean + variance / 2) column closure of S (g) or of S + f0, f0 = -(mu + var / 2) (3).
 
 (the argument is the path without .pt / .spec.json / .calib.h5; NF defaults to 400 of 512).
 """
@@ -31,8 +37,10 @@ from asap_torch import reference as R  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 INF = float("inf")
-base = sys.argv[1]
-NF = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+VARIANTS = "--variants" in sys.argv[1:]
+args = [a for a in sys.argv[1:] if a != "--variants"]
+base = args[0]
+NF = int(args[1]) if len(args) > 1 else 400
 spec = json.load(open(base + ".spec.json"))
 ck = torch.load(base + ".pt", map_location="cpu")
 ck = ck.get("model_state_dict", ck)
@@ -93,6 +101,8 @@ def layer_table(L):
     cols = {"alpha": alpha, "f1": f1 + alpha, "f3": R.row_closure(S, col(f1), m, eps) + alpha,
             "mx": S.amax(-1), "mu": mu, "sd": sd, "mxc": Sc.amax(-1),
             "vc": torch.where(key, (Sc - muc.unsqueeze(-1)) ** 2, torch.zeros(())).sum(-1) / cnt}
+    if VARIANTS:
+        cols.update(variant_columns(S, key, rows, cnt, mu, sd, eps))
     target = R.center_rows(fT + alpha, m)
     act = m.row_active.expand(B, H, n)
 
@@ -109,6 +119,16 @@ def layer_table(L):
 
     print("%s (T = %d, %s-ending; %d examples fitted, %d held out)"
           % (L["name"], T, "column" if T % 2 == 0 else "row", NF, B - NF))
+    if VARIANTS:
+        print("| columns | k = 1 | k = 3 |")
+        print("|---|---:|---:|")
+        base = ["alpha", "mx", "mu", "sd"]
+        for extra in ([], ["var"], ["top2"], ["mxc", "sdc"], ["mxc", "vc"], ["mxc", "sdc", "vc"], ["mxx", "mux", "sdx"],
+                      ["mxg", "mug", "sdg"], ["mx3", "mu3", "var3"]):
+            names = base + extra
+            print("| %s | %.4f | %.4f |" % ("+".join(names), row_map(names, 1), row_map(names, 3)))
+        print()
+        return
     print("| operator | passes | held-out attention error |")
     print("|---|---:|---:|")
     for Tp in range(2, T):
@@ -122,6 +142,31 @@ def layer_table(L):
             if kc % 2 == parity:
                 print("| map %s, k = %d | %d | %.4f |" % ("+".join(names), kc, fp + kc, row_map(names, kc)))
     print()
+
+
+def variant_columns(S, key, rows, cnt, mu, sd, eps):
+    """The --variants columns (see the module's docstring)."""
+    live = rows & key
+    nrows = rows.sum(-2, keepdim=True)
+
+    def row_stats(X):  # max, mean, variance over the active keys
+        mean = torch.where(key, X, torch.zeros(())).sum(-1) / cnt
+        var = torch.where(key, (X - mean.unsqueeze(-1)) ** 2, torch.zeros(())).sum(-1) / cnt
+        return torch.where(key, X, torch.full((), -INF)).amax(-1), mean, var
+
+    def col_stats(X):  # mean, variance over the rows with mass
+        mean = torch.where(live, X, torch.zeros(())).sum(-2, keepdim=True) / nrows
+        return mean, torch.where(live, (X - mean) ** 2, torch.zeros(())).sum(-2, keepdim=True) / nrows
+
+    out = {"var": sd ** 2, "top2": S.topk(2, -1).values[..., 1] if S.shape[-1] > 1 else S.amax(-1)}
+    c, cv = col_stats(S)
+    cmx = torch.where(live, S, torch.full((), -INF)).amax(-2, keepdim=True)
+    f0 = -(mu + sd ** 2 / (2 * eps))
+    c2, cv2 = col_stats(S + f0.unsqueeze(-1))
+    for tag, X in (("c", S - c), ("x", S - cmx), ("g", S - c - cv / (2 * eps)), ("3", S - c2 - cv2 / (2 * eps))):
+        mx, mean, var = row_stats(X)
+        out.update({"mx" + tag: mx, "mu" + tag: mean, "sd" + tag: var.sqrt(), "var" + tag: var})
+    return out
 
 
 for L in spec["layers"]:
