@@ -841,7 +841,7 @@ TEST_CASE("compile: the CLI refuses bad input with exit code 2 and one sentence"
   CHECK(run_cmd(base + " --budget network", &out) == 2);
   CHECK(out.find("--budget must be 'model' or 'layer', found 'network'") != std::string::npos);
   CHECK(run_cmd(base + " --model-error mean", &out) == 2);
-  CHECK(out.find("--model-error must be 'max' or 'sum', found 'mean'") != std::string::npos);
+  CHECK(out.find("--model-error must be 'auto', 'max' or 'sum', found 'mean'") != std::string::npos);
   CHECK(run_cmd(base + " --layer-weights 1,0", &out) == 2);
   CHECK(out.find("--layer-weights takes") != std::string::npos);
   CHECK(run_cmd(base + " --latency-noise -0.1", &out) == 2);

@@ -81,8 +81,10 @@ cd::ChoiceOptions speedup(double s) {
   return o;
 }
 // A strict budget: no noise margin, no guard (the tests of the guard set it).
+// The largest layer error (--model-error max), a strict budget, no guard.
 cd::ModelChoiceOptions strict() {
   cd::ModelChoiceOptions mo;
+  mo.error = asap::ModelErrorKind::kMax;
   mo.noise = 0;
   mo.guard = 0;
   return mo;
@@ -223,6 +225,86 @@ TEST_CASE("model budget: the choice is the brute-force optimum over every assign
   CHECK(over_guard >= 20);
 }
 
+TEST_CASE("model budget: the default sums the layers' errors; the guard still bounds the largest (random layers)") {
+  // The default under a speed budget (--model-error auto) is the sum of the
+  // normalized errors; --guard G keeps every layer within G of its softmax
+  // error, not the sum (over more layers a sum would tighten the guard).
+  CHECK(asap::resolve_model_error(asap::ModelErrorKind::kAuto, asap::Objective::kMinSpeedup) ==
+        asap::ModelErrorKind::kSum);
+  CHECK(asap::resolve_model_error(asap::ModelErrorKind::kAuto, asap::Objective::kMaxError) ==
+        asap::ModelErrorKind::kMax);
+  CHECK(asap::resolve_model_error(asap::ModelErrorKind::kMax, asap::Objective::kMinSpeedup) ==
+        asap::ModelErrorKind::kMax);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  int within_guard = 0, over_guard = 0, sum_over_guard = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int n_layers = 2 + static_cast<int>(rng() % 2);
+    std::vector<Layer> layers(static_cast<size_t>(n_layers));
+    for (int l = 0; l < n_layers; ++l) {
+      std::vector<double> sink;
+      double e = 0.5 + u(rng);
+      for (int t = 0; t < 5; ++t) sink.push_back(e *= 0.4 + 0.5 * u(rng));
+      fill(layers[static_cast<size_t>(l)], "L" + std::to_string(l), sink);
+      const int maps = 1 + static_cast<int>(rng() % 4);
+      for (int m = 0; m < maps; ++m)
+        layers[static_cast<size_t>(l)].add(map_op(m, 1 + static_cast<int>(rng() % 4), 0.3 * u(rng)),
+                                           1.5 + 4.5 * u(rng));
+    }
+    const double s = 1.05 + 0.6 * u(rng), budget = 6.0 * n_layers / s, guard = 0.1 + 0.3 * u(rng);
+    // Brute force: the least sum within the budget (then the least latency),
+    // its largest layer error; the fastest assignment whose largest is within the guard.
+    double best_sum = std::numeric_limits<double>::infinity(), best_lat = 0, best_largest = 0;
+    double fastest_guarded = std::numeric_limits<double>::infinity();
+    std::vector<size_t> pick(static_cast<size_t>(n_layers), 0);
+    std::function<void(size_t, double, double, double)> go = [&](size_t l, double lat, double largest, double sum) {
+      if (l == pick.size()) {
+        const bool better = sum < best_sum * (1 - 1e-12) || (sum <= best_sum * (1 + 1e-12) && lat < best_lat);
+        if (lat <= budget * (1 + 1e-12) && better) best_sum = sum, best_lat = lat, best_largest = largest;
+        if (largest <= guard) fastest_guarded = std::min(fastest_guarded, lat);
+        return;
+      }
+      const auto& c = layers[l].cands;
+      for (size_t i = 0; i < c.size(); ++i) {
+        const double e = c[i].error / c[1].error;
+        go(l + 1, lat + layers[l].lat.seconds.at(c[i].op.key()), std::max(largest, e), sum + e);
+      }
+    };
+    go(0, 0, 0, 0);
+    if (std::isinf(best_sum)) continue;
+    CAPTURE(trial);
+    CAPTURE(guard);
+    auto in = inputs(layers);
+    auto mo = strict();
+    mo.error = asap::ModelErrorKind::kAuto;
+    const auto mc = cd::choose_for_model(in, speedup(s), mo);
+    REQUIRE_FALSE(mc.per_layer_fallback);
+    CHECK(mc.record.error == "sum");
+    CHECK(mc.record.model_error == doctest::Approx(best_sum).epsilon(1e-12));
+    CHECK(mc.record.total_s == doctest::Approx(best_lat).epsilon(1e-12));
+    mo.guard = guard;
+    const auto g = cd::choose_for_model(in, speedup(s), mo);
+    if (best_largest <= guard) {
+      ++within_guard;
+      if (best_sum > guard) ++sum_over_guard;  // a guard on the sum would have fired here
+      CHECK(g.record.target_met);
+      CHECK(g.record.model_error == doctest::Approx(best_sum).epsilon(1e-12));
+    } else {
+      ++over_guard;
+      CHECK_FALSE(g.record.target_met);
+      double largest = 0;
+      for (size_t l = 0; l < layers.size(); ++l)
+        largest = std::max(largest, chosen(layers, g, l).error / layers[l].cands[1].error);
+      CHECK(largest <= guard * (1 + 1e-9));
+      CHECK(g.record.total_s == doctest::Approx(fastest_guarded).epsilon(1e-12));
+      CHECK(*g.record.unguarded_error == doctest::Approx(best_largest).epsilon(1e-12));
+    }
+  }
+  CHECK(within_guard >= 20);
+  CHECK(over_guard >= 20);
+  CHECK(sum_over_guard >= 10);
+}
+
 TEST_CASE("model budget: a layer whose error dominates keeps its choice when the others' weights change") {
   // With layer 0 far harder than the others, the model's error is layer
   // 0's: its operator is the most accurate that fits next to the others'
@@ -341,6 +423,14 @@ TEST_CASE("model budget: max-error gives the fastest assignment within the error
   CHECK(chosen(layers, mc, 1).name == map_op(0, 2, 0).name);  // 0.05 at 4.2 s, faster than the 0.02 map
   CHECK(mc.record.max_error);
   CHECK(mc.layers[0].decision.find("within 0.07") != std::string::npos);
+  // The default model error (auto) is the largest under --objective max-error: the bound holds on every layer.
+  auto mo = strict();
+  mo.error = asap::ModelErrorKind::kAuto;
+  const auto by_default = cd::choose_for_model(in, o, mo);
+  CHECK(by_default.record.error == "max");
+  CHECK(by_default.layers[0].index == mc.layers[0].index);
+  CHECK(by_default.layers[1].index == mc.layers[1].index);
+  CHECK(by_default.layers[0].decision.find("largest layer error is within 0.07") != std::string::npos);
 
   // 7x: 1.71 s for both layers, below two T' = 1 (2 s): each layer chooses on its own, and says so.
   const auto none = cd::choose_for_model(in, speedup(7), strict());

@@ -104,10 +104,13 @@ BudgetScope parse_budget(const std::string& name);  // one sentence naming --bud
 
 // How the layers' held-out errors make the model's (--model-error): the
 // largest, or the sum, of each layer's weighted error normalized by the
-// layer's Sinkhorn T' = 1 error.
-enum class ModelErrorKind { kMax, kSum };
-const char* model_error_name(ModelErrorKind k);             // "max", "sum"
-ModelErrorKind parse_model_error(const std::string& name);  // one sentence naming --model-error when unknown
+// layer's Sinkhorn T' = 1 error. Auto (the default) is the sum under a speed
+// budget and the largest under --objective max-error, whose bound holds on
+// every layer (docs/decisions.md, "The sum of the layers' errors").
+enum class ModelErrorKind { kAuto, kMax, kSum };
+const char* model_error_name(ModelErrorKind k);                     // "auto", "max", "sum"
+ModelErrorKind parse_model_error(const std::string& name);          // one sentence naming --model-error when unknown
+ModelErrorKind resolve_model_error(ModelErrorKind k, Objective o);  // auto made max or sum
 
 // The largest slice bank compile accepts.
 constexpr int64_t kMaxSliceBank = 4096;
@@ -132,35 +135,35 @@ struct CompileOptions {
   int64_t fixed_slices = 0;           // > 0: use exactly this many slices
   std::vector<Candidate> candidates;  // empty = the four slices+... families x {pooled, per head}
   Objective objective = Objective::kMinSpeedup;
-  double min_speedup = 1.25;                          // kMinSpeedup: required speed-up over the teacher
-  double max_error = -1;                              // kMaxError: attention error bound (> 0)
-  BudgetScope budget = BudgetScope::kModel;           // --budget: the objective for the model or per layer
-  ModelErrorKind model_error = ModelErrorKind::kMax;  // --model-error (budget model)
-  std::vector<double> layer_weights;                  // --layer-weights: one per compiled layer (empty: all 1)
-  double latency_noise = -1;                          // --latency-noise: relative margin (< 0: measured)
-  double guard = 0.25;                                // --guard: bound on the budget's model error (0: off)
-  int64_t deploy_batch = 16;                          // examples per call at which latency is measured
-  std::shared_ptr<LatencyModel> latency;              // null: measure the fused operators here
-  bool zero_parameter_operators = true;               // Sinkhorn T' < T and the teacher are candidates
-  std::vector<double> ridge_grid;                     // empty = default_ridge_grid()
-  double ridge = -1;                                  // >= 0: fixed LS ridge (no selection)
-  int closures = 0;                                   // > 0: fixed default number of closures
-  int max_passes = 0;                                 // kFidelity: budget of LSE passes (feature passes + closures);
-                                                      // 0 = max(1, T - 2)
-  int max_closures = 5;                               // closures evaluated on held-out data
-  int64_t selection_examples = 64;                    // held-out examples that run closures in the selection (0 = all)
-  int64_t batch_size = 16;                            // examples per streamed batch
-  double heldout_fraction = 0.2;                      // share of examples kept out of the fit
-  int64_t min_heldout = 8;                            // fewer held-out examples: no data-driven choice
-  uint64_t seed = 1234;                               // slice bank and split
-  int64_t max_examples = 0;                           // > 0: use only the first examples of the file
-  std::vector<std::string> layers;                    // empty = every layer of the spec
-  FitKind fit = FitKind::kAttention;                  // --fit
-  Targets targets = Targets::kBoth;                   // --targets
-  double kl_ridge = -1;                               // >= 0: fixed KL ridge
-  int kl_max_iters = 20;                              // Newton iterations
-  double kl_cache_mb = 512;                           // memory budget for caching KL (and attention refit) batches
-  int attention_iters = 60;                           // L-BFGS iterations of --fit attention
+  double min_speedup = 1.25;                           // kMinSpeedup: required speed-up over the teacher
+  double max_error = -1;                               // kMaxError: attention error bound (> 0)
+  BudgetScope budget = BudgetScope::kModel;            // --budget: the objective for the model or per layer
+  ModelErrorKind model_error = ModelErrorKind::kAuto;  // --model-error (budget model)
+  std::vector<double> layer_weights;                   // --layer-weights: one per compiled layer (empty: all 1)
+  double latency_noise = -1;                           // --latency-noise: relative margin (< 0: measured)
+  double guard = 0.25;                                 // --guard: bound on the budget's model error (0: off)
+  int64_t deploy_batch = 16;                           // examples per call at which latency is measured
+  std::shared_ptr<LatencyModel> latency;               // null: measure the fused operators here
+  bool zero_parameter_operators = true;                // Sinkhorn T' < T and the teacher are candidates
+  std::vector<double> ridge_grid;                      // empty = default_ridge_grid()
+  double ridge = -1;                                   // >= 0: fixed LS ridge (no selection)
+  int closures = 0;                                    // > 0: fixed default number of closures
+  int max_passes = 0;                                  // kFidelity: budget of LSE passes (feature passes + closures);
+                                                       // 0 = max(1, T - 2)
+  int max_closures = 5;                                // closures evaluated on held-out data
+  int64_t selection_examples = 64;                     // held-out examples that run closures in the selection (0 = all)
+  int64_t batch_size = 16;                             // examples per streamed batch
+  double heldout_fraction = 0.2;                       // share of examples kept out of the fit
+  int64_t min_heldout = 8;                             // fewer held-out examples: no data-driven choice
+  uint64_t seed = 1234;                                // slice bank and split
+  int64_t max_examples = 0;                            // > 0: use only the first examples of the file
+  std::vector<std::string> layers;                     // empty = every layer of the spec
+  FitKind fit = FitKind::kAttention;                   // --fit
+  Targets targets = Targets::kBoth;                    // --targets
+  double kl_ridge = -1;                                // >= 0: fixed KL ridge
+  int kl_max_iters = 20;                               // Newton iterations
+  double kl_cache_mb = 512;                            // memory budget for caching KL (and attention refit) batches
+  int attention_iters = 60;                            // L-BFGS iterations of --fit attention
   int attention_patience = 3;      // stop the refit after this many held-out checks without gain (0: never)
   bool float64 = false;            // run teacher and features in float64
   bool skip_bad_examples = false;  // exclude examples whose scores overflow (warning) instead of refusing

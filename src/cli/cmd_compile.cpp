@@ -28,8 +28,8 @@ struct CompileArgs {
   std::string heads = "auto";
   std::string report, report_json;
   std::string objective = "min-speedup", latency_table;
-  std::string fit = "attention", targets = "both";    // parsed into opt.fit / opt.targets
-  std::string budget = "model", model_error = "max";  // parsed into opt.budget / opt.model_error
+  std::string fit = "attention", targets = "both";     // parsed into opt.fit / opt.targets
+  std::string budget = "model", model_error = "auto";  // parsed into opt.budget / opt.model_error
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
@@ -114,15 +114,19 @@ void print_model_line(const asap::ModelBudgetRecord& m) {
       std::snprintf(buf, sizeof buf, " (met within the timing noise of %.1f%%)", 100 * m.noise_margin);
       std::cout << buf;
     } else if (m.unguarded_error) {
-      std::snprintf(buf, sizeof buf, " (not met: its best choice, %.2fx, has model error %.3g, over --guard %.3g)",
+      std::snprintf(buf, sizeof buf, " (not met: its best choice, %.2fx, leaves a layer at %.3g, over --guard %.3g)",
                     m.unguarded_speedup.value_or(0), *m.unguarded_error, m.guard.value_or(0));
       std::cout << buf;
     } else if (!m.target_met) {
       std::cout << " (not met)";
     }
   }
-  std::snprintf(buf, sizeof buf, "; largest normalized error %.3g (layer '%s')\n", m.model_error,
-                m.worst_layer.c_str());
+  if (m.error == "sum")
+    std::snprintf(buf, sizeof buf, "; normalized errors summed %.3g (largest on layer '%s')\n", m.model_error,
+                  m.worst_layer.c_str());
+  else
+    std::snprintf(buf, sizeof buf, "; largest normalized error %.3g (layer '%s')\n", m.model_error,
+                  m.worst_layer.c_str());
   std::cout << buf;
 }
 
@@ -226,7 +230,8 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--model-error", a->model_error,
                 "the model's error under --budget model: max or sum over the layers of each one's held-out error "
-                "normalized by its Sinkhorn T' = 1 error")
+                "normalized by its Sinkhorn T' = 1 error; auto = sum under a speed budget, max under --objective "
+                "max-error")
       ->capture_default_str();
   c->add_option("--layer-weights", o.layer_weights,
                 "weight of each compiled layer's error in the model's, one per layer in spec order (default 1)")
@@ -235,9 +240,9 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
                 "relative margin by which the model may exceed its latency budget (default: the spread of repeated "
                 "timings, at least 2% and at most 10%; 0: a strict budget)");
   c->add_option("--guard", o.guard,
-                "under the speed budget, the largest model error (each layer's held-out attention error over its "
-                "plain-softmax error) the budget's choice may leave; over it, compile stores the fastest choice "
-                "within it and warns (0: off; under --budget layer, each layer's own error)")
+                "under the speed budget, the largest error (a layer's held-out attention error over its "
+                "plain-softmax error) the budget's choice may leave on any layer, whatever --model-error; over it, "
+                "compile stores the fastest choice within it and warns (0: off)")
       ->capture_default_str();
   c->add_option("--deploy-batch", o.deploy_batch, "examples per call at which latency is measured")
       ->capture_default_str();

@@ -113,7 +113,7 @@ struct ModelLayer {
 };
 
 struct ModelChoiceOptions {
-  ModelErrorKind error = ModelErrorKind::kMax;
+  ModelErrorKind error = ModelErrorKind::kAuto;  // resolved by the objective (resolve_model_error)
   // The relative margin by which the model may exceed its latency budget
   // and count as meeting it: given (>= 0), or measured (< 0) as the spread
   // of repeated timings of the frontier operators, within [floor, cap].

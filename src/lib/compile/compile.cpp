@@ -78,12 +78,19 @@ BudgetScope parse_budget(const std::string& name) {
   throw Error(str("--budget must be 'model' or 'layer', found '", name, "'"));
 }
 
-const char* model_error_name(ModelErrorKind k) { return k == ModelErrorKind::kMax ? "max" : "sum"; }
+const char* model_error_name(ModelErrorKind k) {
+  return k == ModelErrorKind::kAuto ? "auto" : k == ModelErrorKind::kMax ? "max" : "sum";
+}
 
 ModelErrorKind parse_model_error(const std::string& name) {
-  for (ModelErrorKind k : {ModelErrorKind::kMax, ModelErrorKind::kSum})
+  for (ModelErrorKind k : {ModelErrorKind::kAuto, ModelErrorKind::kMax, ModelErrorKind::kSum})
     if (name == model_error_name(k)) return k;
-  throw Error(str("--model-error must be 'max' or 'sum', found '", name, "'"));
+  throw Error(str("--model-error must be 'auto', 'max' or 'sum', found '", name, "'"));
+}
+
+ModelErrorKind resolve_model_error(ModelErrorKind k, Objective o) {
+  if (k != ModelErrorKind::kAuto) return k;
+  return o == Objective::kMaxError ? ModelErrorKind::kMax : ModelErrorKind::kSum;
 }
 
 bool in_heldout_split(uint64_t seed, double fraction, int64_t example) {
@@ -322,7 +329,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"min_speedup", opt.min_speedup},
               {"max_error", opt.max_error},
               {"budget", budget_name(opt.budget)},
-              {"model_error", model_error_name(opt.model_error)},
+              {"model_error", model_error_name(resolve_model_error(opt.model_error, opt.objective))},
               {"layer_weights", opt.layer_weights},
               {"latency_noise", opt.latency_noise},
               {"guard", opt.guard},
@@ -804,7 +811,7 @@ std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_pt
     }
     std::vector<ModelLayer> ml = model_layers(work, opt, models);
     ModelChoiceOptions mo;
-    mo.error = opt.model_error;
+    mo.error = resolve_model_error(opt.model_error, opt.objective);
     mo.noise = opt.latency_noise;
     mo.guard = opt.guard;
     if (opt.progress) opt.progress({"model", "latency", 0, 1});
@@ -818,7 +825,7 @@ std::optional<ModelBudgetRecord> choose_for_the_model(std::vector<std::unique_pt
     rec = mc.record;
     if (rec->unguarded_error && opt.warn)
       opt.warn(str("the ", times(opt.min_speedup), " budget's best choice (", times(*rec->unguarded_speedup),
-                   ") leaves the model at ", fmt(*rec->unguarded_error),
+                   ") leaves a layer at ", fmt(*rec->unguarded_error),
                    " of plain softmax's attention error, over --guard ", fmt(opt.guard),
                    ", so compile stores the fastest choice within the guard, up to the timing noise (",
                    times(rec->speedup),
@@ -879,7 +886,8 @@ std::optional<ModelBudgetRecord> choose_operators(std::vector<std::unique_ptr<La
   std::vector<ModelLayer> ml = model_layers(work, opt, none);
   std::vector<Choice> ch;
   for (auto& w : work) ch.push_back(w->c.ch);
-  return per_layer_model_record(ml, ch, choice_options(opt, work[0]->budget), opt.model_error);
+  return per_layer_model_record(ml, ch, choice_options(opt, work[0]->budget),
+                                resolve_model_error(opt.model_error, opt.objective));
 }
 
 // The summary's "distributed" record: world size, bytes read, communication.

@@ -17,7 +17,15 @@ namespace compile_detail {
 
 namespace {
 
-ModelError kind_of(ModelErrorKind k) { return k == ModelErrorKind::kSum ? ModelError::kSum : ModelError::kMax; }
+ModelError kind_of(ModelErrorKind k) {
+  ASAP_ASSERT(k != ModelErrorKind::kAuto);  // resolve_model_error first
+  return k == ModelErrorKind::kSum ? ModelError::kSum : ModelError::kMax;
+}
+
+// The largest normalized layer error of a choice: what the guard bounds.
+double largest_error(const std::vector<BudgetLayer>& bl, const BudgetChoice& c) {
+  return model_error(bl, c.choice, ModelError::kMax);
+}
 
 // Times the teacher and its loops, then every operator the options allow,
 // one per latency key (pooling, target and coefficients do not change the
@@ -229,6 +237,8 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
   if (r.layers.size() > 1 && r.error == "max")
     d += r.worst_layer == layers[l].spec->name ? "; the model's largest error (" + fmt(e) + " of softmax's)"
                                                : "; " + fmt(e) + " of softmax's error, below the model's largest";
+  else if (r.layers.size() > 1)
+    d += "; " + fmt(e) + " of softmax's error, of the model's " + fmt(r.model_error) + " summed over the layers";
   // The next more accurate operator of this layer: what it would cost the model.
   const auto front = pareto_frontier(bl[l].points);
   for (int p : front) {
@@ -242,14 +252,15 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
   d += " -- " + times(r.speedup) + " for the model";
   if (o.objective == Objective::kMinSpeedup && r.unguarded_error) {
     d += " (budget " + times(o.min_speedup) + " not met: its best choice, at " + times(*r.unguarded_speedup) +
-         ", leaves the model at " + fmt(*r.unguarded_error) + " of softmax's error, over --guard " + fmt(*r.guard) +
+         ", leaves a layer at " + fmt(*r.unguarded_error) + " of softmax's error, over --guard " + fmt(*r.guard) +
          "; this is the fastest choice within the guard, up to the timing noise)";
   } else if (o.objective == Objective::kMinSpeedup) {
     d += " (budget " + times(o.min_speedup);
     if (r.within_noise) d += ", met within the timing noise of " + fmt(100 * r.noise_margin, 2) + "%";
     d += ")";
   } else {
-    d += ", the fastest assignment whose largest layer error is within " + fmt(o.max_error);
+    d += std::string(", the fastest assignment whose ") + (r.error == "sum" ? "summed" : "largest") +
+         " layer error is within " + fmt(o.max_error);
   }
   return d;
 }
@@ -270,6 +281,8 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     t0.push_back(timers.back().t0());
   }
   const bool by_speed = o.objective == Objective::kMinSpeedup;
+  const ModelErrorKind error = resolve_model_error(mo.error, o.objective);
+  const ModelError kind = kind_of(error);
   std::vector<BudgetLayer> bl(layers.size());
   std::vector<std::vector<int>> of(layers.size());
   auto rebuild = [&] {
@@ -293,12 +306,12 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   std::optional<BudgetChoice> unguarded;  // the budget's choice, when the guard replaced it
   auto solve = [&] {
     unguarded.reset();
-    if (!by_speed) return fastest_within_error(bl, o.max_error * (1 + kTieRel), kind_of(mo.error));
+    if (!by_speed) return fastest_within_error(bl, o.max_error * (1 + kTieRel), kind);
     // The budget's own choice, and the one within the noise margin: the
     // latter only when it is kNoiseGain times closer to the teachers, for
     // the model or on a layer (else the margin would just become the budget).
-    BudgetChoice strict = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind_of(mo.error));
-    BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind_of(mo.error));
+    BudgetChoice strict = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind);
+    BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind);
     BudgetChoice b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
     // The guard: a choice that leaves the model far from its teachers is not
     // stored for speed; the fastest one within the guard is, when it is no
@@ -306,11 +319,14 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     // --no-zero-parameter removed them; maps slower than the teachers do not
     // replace the budget's choice), or the most accurate within the timing
     // noise of its latency (within the guard too: at most as far as the fastest).
-    if (b.feasible && mo.guard > 0 && b.model_error > mo.guard * (1 + kTieRel)) {
-      BudgetChoice g = fastest_within_error(bl, mo.guard * (1 + kTieRel), kind_of(mo.error));
+    // The guard bounds every layer's normalized error, whatever --model-error
+    // makes of them: a sum over more layers would tighten it.
+    const double bound = mo.guard * (1 + kTieRel);
+    if (b.feasible && mo.guard > 0 && largest_error(bl, b) > bound) {
+      BudgetChoice g = fastest_within_error(bl, bound, ModelError::kMax);
       if (g.feasible && g.latency <= t_sum * (1 + kTieRel)) {
-        BudgetChoice close = most_accurate_within(bl, g.latency, margin, kind_of(mo.error));
-        if (close.feasible && close.model_error <= g.model_error) g = close;
+        BudgetChoice close = most_accurate_within(bl, g.latency, margin, kind);
+        if (close.feasible && largest_error(bl, close) <= largest_error(bl, g)) g = close;
         g.within_noise = false;  // the budget is not met, whatever the margin
         unguarded = b;
         return g;
@@ -335,7 +351,7 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     ChoiceOptions per = o;  // each layer guarded by the model's guard, on its own error
     per.guard = mo.guard;
     for (auto& L : layers) mc.layers.push_back(choose_operator(*L.cands, *L.spec, per, *L.latency));
-    mc.record = per_layer_model_record(layers, mc.layers, per, mo.error);
+    mc.record = per_layer_model_record(layers, mc.layers, per, error);
     mc.record.scope = "model";
     mc.record.noise_margin = margin;
     mc.record.noise_measured = measured;
@@ -349,7 +365,7 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   }
   std::vector<int> pick;
   for (size_t l = 0; l < layers.size(); ++l) pick.push_back(of[l][static_cast<size_t>(b.choice[l])]);
-  mc.record = record_of(layers, bl, pick, t0, o, mo.error);
+  mc.record = record_of(layers, bl, pick, t0, o, error);
   mc.record.scope = "model";
   mc.record.noise_margin = margin;
   mc.record.noise_measured = measured;
@@ -357,7 +373,7 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   mc.record.target_met = !unguarded;
   if (by_speed && mo.guard > 0) mc.record.guard = mo.guard;
   if (unguarded) {
-    mc.record.unguarded_error = unguarded->model_error;
+    mc.record.unguarded_error = largest_error(bl, *unguarded);
     mc.record.unguarded_speedup = t_sum / unguarded->latency;
   }
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -373,7 +389,8 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
 }
 
 ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, const std::vector<Choice>& choices,
-                                         const ChoiceOptions& o, ModelErrorKind error) {
+                                         const ChoiceOptions& o, ModelErrorKind kind) {
+  const ModelErrorKind error = resolve_model_error(kind, o.objective);
   std::vector<BudgetLayer> bl;
   std::vector<int> pick;
   std::vector<double> t0;
@@ -388,11 +405,11 @@ ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, 
   r.target_met = std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.target_met; });
   if (o.objective == Objective::kMinSpeedup && o.guard > 0) r.guard = o.guard;
   // Where the guard replaced a layer's choice: what the budget's choices
-  // would have given the model.
+  // would have given the model (the error the guard bounds: the largest).
   if (std::any_of(choices.begin(), choices.end(), [](const Choice& c) { return c.unguarded >= 0; })) {
     std::vector<int> budget_pick;
     for (const auto& c : choices) budget_pick.push_back(c.unguarded >= 0 ? c.unguarded : c.index);
-    const ModelBudgetRecord u = record_of(layers, bl, budget_pick, t0, o, error);
+    const ModelBudgetRecord u = record_of(layers, bl, budget_pick, t0, o, ModelErrorKind::kMax);
     r.unguarded_error = u.model_error;
     r.unguarded_speedup = u.speedup;
   }
