@@ -226,7 +226,8 @@ void check_col_stats(const asap::fast::detail::KernelTable<T>& K, double tol) {
         for (int64_t c = 0; c < ld; ++c)  // an offset per column
           M[r * ld + c] = static_cast<T>(3.0 * c - 20 + std::sin(0.37 * (c * 131 + r * 17)) * (1 + r % 5));
       const T w[3] = {T(0.5), T(-1.25), T(2.0)};
-      K.col_stats(rows, nc, M.data(), ld, mx.data(), mean.data(), sd.data(), w, y.data());
+      K.col_stats(rows, nc, M.data(), ld, nullptr, mx.data(), mean.data(), sd.data(), nullptr, nullptr, w, nullptr,
+                  y.data());
       for (int64_t c = 0; c < nc; ++c) {
         CAPTURE(c);
         double m = -1e300, sum = 0, sq = 0;
@@ -244,7 +245,8 @@ void check_col_stats(const asap::fast::detail::KernelTable<T>& K, double tol) {
     }
 }
 
-// col_stats_shifted and col_sums of one table against float64 loops.
+// col_stats with a shift (both sets of statistics in one sweep) and
+// col_sums of one table against float64 loops.
 template <class T>
 void check_col_stats_shifted(const asap::fast::detail::KernelTable<T>& K, double tol) {
   const int64_t ld = 96;
@@ -254,30 +256,39 @@ void check_col_stats_shifted(const asap::fast::detail::KernelTable<T>& K, double
       CAPTURE(nc);
       const int64_t out = ld + 1;
       std::vector<T> M(rows * ld), shift(rows), mx(out, T(-7)), var(out, T(-7)), y(out, T(-7)), sums(out, T(-7));
+      std::vector<T> rmx(out, T(-7)), rmean(out, T(-7)), rsd(out, T(-7));  // the unshifted statistics
       for (int64_t r = 0; r < rows; ++r) {
         shift[r] = static_cast<T>(std::cos(0.7 * r) * 5 + r);  // a shift per row, as large as the spread
         for (int64_t c = 0; c < ld; ++c)
           M[r * ld + c] = static_cast<T>(3.0 * c - 20 + std::sin(0.37 * (c * 131 + r * 17)) * (1 + r % 5));
       }
-      for (int64_t c = 0; c < ld; ++c) y[c] = static_cast<T>(0.25 * c), sums[c] = static_cast<T>(c % 3);
-      const T w[2] = {T(0.5), T(-1.25)};
-      K.col_stats_shifted(rows, nc, M.data(), ld, shift.data(), mx.data(), var.data(), w, y.data());
+      for (int64_t c = 0; c < ld; ++c) sums[c] = static_cast<T>(c % 3);
+      const T w[3] = {T(0.75), T(0.5), T(-2.0)}, wc[2] = {T(0.5), T(-1.25)};
+      K.col_stats(rows, nc, M.data(), ld, shift.data(), rmx.data(), rmean.data(), rsd.data(), mx.data(), var.data(), w,
+                  wc, y.data());
       K.col_sums(rows, nc, M.data(), ld, sums.data());
       for (int64_t c = 0; c < nc; ++c) {
         CAPTURE(c);
-        double m = -1e300, sum = 0, sq = 0, raw = 0;
+        double m = -1e300, sum = 0, sq = 0, raw = 0, rm = -1e300, rsq = 0;
         for (int64_t r = 0; r < rows; ++r) {
           const double x = static_cast<double>(M[r * ld + c]) - static_cast<double>(shift[r]);
-          m = std::max(m, x), sum += x, raw += M[r * ld + c];
+          m = std::max(m, x), sum += x, raw += M[r * ld + c], rm = std::max(rm, static_cast<double>(M[r * ld + c]));
         }
-        const double mu = sum / rows;
+        const double mu = sum / rows, rmu = raw / rows;
         for (int64_t r = 0; r < rows; ++r) {
           const double x = static_cast<double>(M[r * ld + c]) - static_cast<double>(shift[r]);
-          sq += (x - mu) * (x - mu);
+          sq += (x - mu) * (x - mu), rsq += (M[r * ld + c] - rmu) * (M[r * ld + c] - rmu);
         }
+        const double rsdv = std::sqrt(rsq / rows);
         CHECK(mx[c] == doctest::Approx(m).epsilon(tol).scale(20));
         CHECK(var[c] == doctest::Approx(sq / rows).epsilon(tol).scale(400));
-        CHECK(y[c] == doctest::Approx(0.25 * c + 0.5 * m - 1.25 * (sq / rows)).epsilon(tol).scale(1000));
+        // The unshifted statistics of the same sweep, as col_stats without a shift gives them.
+        CHECK(rmx[c] == static_cast<T>(rm));
+        CHECK(rmean[c] == doctest::Approx(rmu).epsilon(tol).scale(20));
+        CHECK(rsd[c] == doctest::Approx(rsdv).epsilon(tol).scale(20));
+        CHECK(y[c] == doctest::Approx(0.75 * rm + 0.5 * rmu - 2.0 * rsdv + 0.5 * m - 1.25 * (sq / rows))
+                          .epsilon(tol)
+                          .scale(1000));
         CHECK(sums[c] == doctest::Approx(c % 3 + raw).epsilon(tol).scale(20.0 * rows));
       }
       CHECK(mx[ld] == T(-7));  // nothing past roundup(nc, width) <= ld
@@ -287,7 +298,7 @@ void check_col_stats_shifted(const asap::fast::detail::KernelTable<T>& K, double
 }
 }  // namespace
 
-TEST_CASE("fast: col_stats_shifted and col_sums against float64 loops on every instruction set") {
+TEST_CASE("fast: col_stats with a shift and col_sums against float64 loops on every instruction set") {
   // The centered_stats columns: each row of the transposed tile less its
   // key's column mean (the shift), and the column sums that give the means.
   for (const auto& isa : asap::fast::available_isas()) {

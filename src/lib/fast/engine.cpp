@@ -646,16 +646,25 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
     const T* ST = ST_.data();
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
-      kt_.col_stats(nJ_, c1 - c0, ST + c0, ldST_, mx + c0, mean + c0, sd + c0, w, y ? y + c0 : nullptr);
-      if (shift)
-        kt_.col_stats_shifted(nJ_, c1 - c0, ST + c0, ldST_, shift, mxc + c0, vc + c0, wc, y ? y + c0 : nullptr);
+      kt_.col_stats(nJ_, c1 - c0, ST + c0, ldST_, shift, mx + c0, mean + c0, sd + c0, shift ? mxc + c0 : nullptr,
+                    shift ? vc + c0 : nullptr, w, wc, y ? y + c0 : nullptr);
     });
     return;
   }
   // Chunks of rows transposed into scratch; the kernel's whole-vector
   // outputs go to scratch too (a chunk need not end on a vector), then the
-  // chunk's rows are copied out.
+  // chunk's rows are copied out. One chunk (short sequences) writes the
+  // outputs in place: they hold round_up(nR, width) each.
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  if (nch == 1) {
+    const int64_t ldt = round_up(nR_, W);
+    int64_t ld;
+    const T* t = tile(0, nR_, 0, nJ_, 0, &ld);
+    T* tt = scratch_[0].stats.get(nJ_ * ldt);
+    kt_.transpose(nR_, nJ_, t, ld, tt, ldt);
+    kt_.col_stats(nJ_, nR_, tt, ldt, shift, mx, mean, sd, mxc, vc, w, wc, y);
+    return;
+  }
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), ldt = round_up(r1 - r0, W);
     int64_t ld;
@@ -663,9 +672,8 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
     T* tt = scratch_[tid].stats.get((nJ_ + 6) * ldt);
     T* o = tt + nJ_ * ldt;
     kt_.transpose(r1 - r0, nJ_, t, ld, tt, ldt);
-    kt_.col_stats(nJ_, r1 - r0, tt, ldt, o, o + ldt, o + 2 * ldt, w, y ? o + 3 * ldt : nullptr);
-    if (shift)
-      kt_.col_stats_shifted(nJ_, r1 - r0, tt, ldt, shift, o + 4 * ldt, o + 5 * ldt, wc, y ? o + 3 * ldt : nullptr);
+    kt_.col_stats(nJ_, r1 - r0, tt, ldt, shift, o, o + ldt, o + 2 * ldt, o + 4 * ldt, o + 5 * ldt, w, wc,
+                  y ? o + 3 * ldt : nullptr);
     for (int64_t r = r0; r < r1; ++r) {
       mx[r] = o[r - r0], mean[r] = o[ldt + r - r0], sd[r] = o[2 * ldt + r - r0];
       if (y) y[r] = o[3 * ldt + r - r0];

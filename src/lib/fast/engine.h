@@ -214,7 +214,7 @@ class Engine {
   // transposed tile, built here when the row passes will use it, else on
   // transposed chunks of rows); with w [3], also y = w0 mx + w1 mean + w2 sd.
   // With shift [nJ] (the column means), also mxc and vc, the max and the
-  // variance of each row of S'_ij - shift_j (kernel col_stats_shifted), and
+  // variance of each row of S'_ij - shift_j (in the same col_stats sweep), and
   // with wc [2] y += wc0 mxc + wc1 vc.
   void score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* shift = nullptr, T* mxc = nullptr, T* vc = nullptr,
                    const T* wc = nullptr);

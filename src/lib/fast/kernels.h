@@ -111,20 +111,18 @@ struct KernelTable {
                    T* phi, T* f);
   // Statistics of each column c < nc of M [rows >= 1 x nc] (ld; rows read up
   // to roundup(nc, width)): mx[c] = max_r M[r,c], mean[c] and sd[c] (the
-  // standard deviation about the mean, from sums shifted by M[0,c]). With w
-  // [3], also y[c] = w[0] mx[c] + w[1] mean[c] + w[2] sd[c]. The outputs are
-  // written in whole vectors: each must hold roundup(nc, width) (the lanes
-  // past nc come from the padding and mean nothing).
-  // On the transposed score tile these are the rows' score statistics
-  // (the score_stats columns).
-  void (*col_stats)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y);
-  // The same over x = M[r, c] - shift[r] (shift [rows]): mx[c] = max_r x and
-  // var[c] = the variance of x about its mean (population), in whole vectors
-  // as col_stats writes them. With w [2], also y[c] += w[0] mx[c] + w[1] var[c]
-  // (y as col_stats left it). On the transposed score tile with shift = the
-  // keys' column means these are the centered_stats columns.
-  void (*col_stats_shifted)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
-                            T* y);
+  // standard deviation about the mean, from sums shifted by M[0,c]). With
+  // shift [rows], in the same sweep over x = M[r, c] - shift[r]: mxc[c] =
+  // max_r x and var[c] = the variance of x about its mean (population). With
+  // w [3] (and wc [2] with shift), also y[c] = w[0] mx[c] + w[1] mean[c] +
+  // w[2] sd[c] (+ wc[0] mxc[c] + wc[1] var[c]). The outputs are written in
+  // whole vectors: each must hold roundup(nc, width) (the lanes past nc come
+  // from the padding and mean nothing).
+  // On the transposed score tile these are the rows' score statistics (the
+  // score_stats columns) and, with shift = the keys' column means, the
+  // centered_stats columns.
+  void (*col_stats)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc,
+                    T* var, const T* w, const T* wc, T* y);
   // out[c] += sum_r M[r, c] for the columns of M [rows x nc] (ld), in whole
   // vectors: out and M's rows must hold roundup(nc, width).
   void (*col_sums)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out);

@@ -1326,39 +1326,38 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T
   for (; r < n; ++r) phi[r] = x[r] - mean;
 }
 
-// The accumulators of col_stats and col_stats_shifted for NB vectors of
-// columns: x = M[r, c] (less shift[r] when shift is given), x0 = the
-// column's first x, the running max of x and the sums of x - x0 and of its
-// square over the rows.
-template <class T, int NB>
-__attribute__((always_inline)) inline void stats_accumulate(int64_t rows, const T* M, int64_t ld, const T* shift,
-                                                            typename Vec<T>::V* x0, typename Vec<T>::V* m,
-                                                            typename Vec<T>::V* s1, typename Vec<T>::V* s2) {
+// NB vectors of columns of col_stats, in one sweep of the rows: x = M[r, c]
+// and, with kShift, z = x - shift[r]; for each, the running max and the
+// sums of x - x0 and of its square (x0 = the column's first x, which keeps
+// the variance's subtraction away from the mean's magnitude).
+template <class T, int NB, bool kShift>
+inline void col_stats_block(int64_t rows, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var,
+                            const T* w, const T* wc, T* y) {
   using V = typename Vec<T>::V;
-  constexpr int W = Vec<T>::W;
-  const V h0 = shift ? splat<V>(shift[0]) : V{};
-  for (int b = 0; b < NB; ++b) x0[b] = m[b] = load<V>(M + b * W) - h0, s1[b] = s2[b] = V{};
+  constexpr int W = Vec<T>::W, NS = kShift ? NB : 1;
+  V x0[NB], m[NB], s1[NB], s2[NB], z0[NS], mz[NS], t1[NS], t2[NS];
+  const V h0 = kShift ? splat<V>(shift[0]) : V{};
+  for (int b = 0; b < NB; ++b) {
+    x0[b] = m[b] = load<V>(M + b * W), s1[b] = s2[b] = V{};
+    if constexpr (kShift) z0[b] = mz[b] = x0[b] - h0, t1[b] = t2[b] = V{};
+  }
   for (int64_t r = 1; r < rows; ++r) {
-    const V h = shift ? splat<V>(shift[r]) : V{};
+    const V h = kShift ? splat<V>(shift[r]) : V{};
     for (int b = 0; b < NB; ++b) {
-      const V x = load<V>(M + r * ld + b * W) - h;
+      const V x = load<V>(M + r * ld + b * W);
       m[b] = vmax(m[b], x);
       const V dx = x - x0[b];
       s1[b] += dx;
       s2[b] += dx * dx;
+      if constexpr (kShift) {
+        const V z = x - h;
+        mz[b] = vmax(mz[b], z);
+        const V dz = z - z0[b];
+        t1[b] += dz;
+        t2[b] += dz * dz;
+      }
     }
   }
-}
-
-// NB vectors of columns of col_stats: the running max and the sums of x - x0
-// (x0 = the column's first entry, which keeps the variance's subtraction
-// away from the mean's magnitude), NB * 3 independent chains.
-template <class T, int NB>
-inline void col_stats_block(int64_t rows, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
-  using V = typename Vec<T>::V;
-  constexpr int W = Vec<T>::W;
-  V x0[NB], m[NB], s1[NB], s2[NB];
-  stats_accumulate<T, NB>(rows, M, ld, nullptr, x0, m, s1, s2);
   const V inv = splat<V>(T(1) / static_cast<T>(rows));
   for (int b = 0; b < NB; ++b) {
     const V d1 = s1[b] * inv;
@@ -1366,26 +1365,34 @@ inline void col_stats_block(int64_t rows, const T* M, int64_t ld, T* mx, T* mean
     store(mx + b * W, m[b]);
     store(mean + b * W, u);
     store(sd + b * W, sv);
-    if (y) store(y + b * W, splat<V>(w[0]) * m[b] + splat<V>(w[1]) * u + splat<V>(w[2]) * sv);
+    V yv = y ? splat<V>(w[0]) * m[b] + splat<V>(w[1]) * u + splat<V>(w[2]) * sv : V{};
+    if constexpr (kShift) {
+      const V e1 = t1[b] * inv;
+      const V v = vmax(t2[b] * inv - e1 * e1, V{});
+      store(mxc + b * W, mz[b]);
+      store(var + b * W, v);
+      if (y) yv = yv + splat<V>(wc[0]) * mz[b] + splat<V>(wc[1]) * v;
+    }
+    if (y) store(y + b * W, yv);
   }
 }
 
 // Calls block(std::integral_constant<int, NB>, v) for the nv vectors of
-// columns of a statistics kernel: blocks of NB = 4 vectors from v = 0, then
-// one of the 1-3 left (NB * 3 independent chains each).
-template <class Block>
+// columns of a statistics kernel: blocks of NB = MAXB vectors from v = 0,
+// then one of the rest (NB * 3 or 6 independent chains each).
+template <int MAXB, class Block>
 inline void stats_blocks(int64_t nv, const Block& block) {
   int64_t v = 0;
-  for (; v + 4 <= nv; v += 4) block(std::integral_constant<int, 4>{}, v);
+  for (; v + MAXB <= nv; v += MAXB) block(std::integral_constant<int, MAXB>{}, v);
   switch (nv - v) {
     case 3:
-      block(std::integral_constant<int, 3>{}, v);
+      if constexpr (MAXB > 3) block(std::integral_constant<int, 3>{}, v);
       break;
     case 2:
-      block(std::integral_constant<int, 2>{}, v);
+      if constexpr (MAXB > 2) block(std::integral_constant<int, 2>{}, v);
       break;
     case 1:
-      block(std::integral_constant<int, 1>{}, v);
+      if constexpr (MAXB > 1) block(std::integral_constant<int, 1>{}, v);
       break;
     default:
       break;
@@ -1393,41 +1400,23 @@ inline void stats_blocks(int64_t nv, const Block& block) {
 }
 
 template <class T>
-void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, T* mx, T* mean, T* sd, const T* w, T* y) {
+void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var,
+               const T* w, const T* wc, T* y) {
   constexpr int W = Vec<T>::W;
-  stats_blocks((nc + W - 1) / W, [&](auto nb, int64_t v) {
-    const int64_t o = v * W;
-    col_stats_block<T, decltype(nb)::value>(rows, M + o, ld, mx + o, mean + o, sd + o, w, y ? y + o : nullptr);
-  });
-}
-
-// NB vectors of columns of col_stats_shifted: x = M[r, c] - shift[r], the
-// running max and the sums of x - x0 (x0 = the column's first x).
-template <class T, int NB>
-inline void col_stats_shifted_block(int64_t rows, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
-                                    T* y) {
-  using V = typename Vec<T>::V;
-  constexpr int W = Vec<T>::W;
-  V x0[NB], m[NB], s1[NB], s2[NB];
-  stats_accumulate<T, NB>(rows, M, ld, shift, x0, m, s1, s2);
-  const V inv = splat<V>(T(1) / static_cast<T>(rows));
-  for (int b = 0; b < NB; ++b) {
-    const V d1 = s1[b] * inv;
-    const V v = vmax(s2[b] * inv - d1 * d1, V{});
-    store(mx + b * W, m[b]);
-    store(var + b * W, v);
-    if (y) store(y + b * W, load<V>(y + b * W) + splat<V>(w[0]) * m[b] + splat<V>(w[1]) * v);
+  const int64_t nv = (nc + W - 1) / W;
+  if (shift) {  // 8 accumulators a vector: blocks of 2 stay in registers
+    stats_blocks<2>(nv, [&](auto nb, int64_t v) {
+      const int64_t o = v * W;
+      col_stats_block<T, decltype(nb)::value, true>(rows, M + o, ld, shift, mx + o, mean + o, sd + o, mxc + o, var + o,
+                                                    w, wc, y ? y + o : nullptr);
+    });
+  } else {
+    stats_blocks<4>(nv, [&](auto nb, int64_t v) {
+      const int64_t o = v * W;
+      col_stats_block<T, decltype(nb)::value, false>(rows, M + o, ld, nullptr, mx + o, mean + o, sd + o, nullptr,
+                                                     nullptr, w, wc, y ? y + o : nullptr);
+    });
   }
-}
-
-template <class T>
-void col_stats_shifted(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* var, const T* w,
-                       T* y) {
-  constexpr int W = Vec<T>::W;
-  stats_blocks((nc + W - 1) / W, [&](auto nb, int64_t v) {
-    const int64_t o = v * W;
-    col_stats_shifted_block<T, decltype(nb)::value>(rows, M + o, ld, shift, mx + o, var + o, w, y ? y + o : nullptr);
-  });
 }
 
 template <class T>
@@ -1487,35 +1476,12 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{ASAP_ISA_NAME,
-                                ASAP_NT_MR,
-                                ASAP_NT_NV * Vec<T>::W,
-                                Vec<T>::W,
-                                &pack_b<T>,
-                                &gemm_nt<T>,
-                                &gemm_nn<T>,
-                                &gemm_tn<T>,
-                                &scale_cols<T>,
-                                &row_lse<T>,
-                                &transpose<T>,
-                                &col_lse_chunk<T>,
-                                &col_max<T>,
-                                &col_exp<T>,
-                                &col_lse_tail<T>,
-                                &col_max_tail<T>,
-                                &col_exp_tail<T>,
-                                &plan<T>,
-                                &vexp<T>,
-                                &add_log_t<T>,
-                                &lse_finish_t<T>,
-                                &lse_start<T>,
-                                &row_sqnorm<T>,
-                                &map_tail<T>,
-                                &col_stats<T>,
-                                &col_stats_shifted<T>,
-                                &col_sums<T>,
-                                &all_finite<T>,
-                                &peak_fma<T>};
+  return detail::KernelTable<T>{
+      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
+      &gemm_nn<T>,   &gemm_tn<T>,   &scale_cols<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
+      &col_max<T>,   &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
+      &vexp<T>,      &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
+      &col_stats<T>, &col_sums<T>,  &all_finite<T>,         &peak_fma<T>};
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
