@@ -142,29 +142,56 @@ TEST_CASE("model budget: the accurate map goes to the layer whose error dominate
   CHECK(mc.record.model_error < rec.model_error);
 }
 
+namespace {
+
+// Random layers for the brute-force tests: Sinkhorn T' = 1..5 with falling
+// errors, then `min_maps` to `min_maps + 4` (less one) maps of random error and
+// latency; with `twin`, a second fit of the last map (same key, 1.5x its error).
+std::vector<Layer> random_layers(std::mt19937& rng, int n_layers, int min_maps, bool twin) {
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<Layer> layers(static_cast<size_t>(n_layers));
+  for (int l = 0; l < n_layers; ++l) {
+    auto& L = layers[static_cast<size_t>(l)];
+    std::vector<double> sink;
+    double e = 0.5 + u(rng);
+    for (int t = 0; t < 5; ++t) sink.push_back(e *= 0.4 + 0.5 * u(rng));
+    fill(L, "L" + std::to_string(l), sink);
+    const int maps = min_maps + static_cast<int>(rng() % (5 - min_maps));
+    for (int m = 0; m < maps; ++m)  // distinct keys: slices m, k 1..
+      L.add(map_op(m, 1 + static_cast<int>(rng() % 4), 0.3 * u(rng)), 1.5 + 4.5 * u(rng));
+    if (twin && maps > 0) {  // only the more accurate of the two can win
+      auto t = L.cands.back();
+      t.error *= 1.5;
+      L.cands.push_back(t);
+    }
+  }
+  return layers;
+}
+
+// Calls fn(latency, largest, sum) for every assignment of one candidate per
+// layer: its summed latency and the largest and sum of its errors
+// normalized by each layer's Sinkhorn T' = 1 error.
+void for_each_assignment(const std::vector<Layer>& layers, const std::function<void(double, double, double)>& fn) {
+  std::function<void(size_t, double, double, double)> go = [&](size_t l, double lat, double largest, double sum) {
+    if (l == layers.size()) return fn(lat, largest, sum);
+    const auto& c = layers[l].cands;
+    for (size_t i = 0; i < c.size(); ++i) {
+      const double e = c[i].error / c[1].error;
+      go(l + 1, lat + layers[l].lat.seconds.at(c[i].op.key()), std::max(largest, e), sum + e);
+    }
+  };
+  go(0, 0, 0, 0);
+}
+
+}  // namespace
+
 TEST_CASE("model budget: the choice is the brute-force optimum over every assignment (random layers)") {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0, 1);
   int within_guard = 0, over_guard = 0;  // trials of each kind: both must occur
   for (int trial = 0; trial < 150; ++trial) {
     const int n_layers = 1 + static_cast<int>(rng() % 3);
-    std::vector<Layer> layers(static_cast<size_t>(n_layers));
-    for (int l = 0; l < n_layers; ++l) {
-      std::vector<double> sink;
-      double e = 0.5 + u(rng);
-      for (int t = 0; t < 5; ++t) sink.push_back(e *= 0.4 + 0.5 * u(rng));
-      fill(layers[static_cast<size_t>(l)], "L" + std::to_string(l), sink);
-      const int maps = static_cast<int>(rng() % 5);
-      for (int m = 0; m < maps; ++m)  // distinct keys: slices m, k 1..
-        layers[static_cast<size_t>(l)].add(map_op(m, 1 + static_cast<int>(rng() % 4), 0.3 * u(rng)),
-                                           1.5 + 4.5 * u(rng));
-      // a second fit of the same operator (same key, same latency): only the more accurate can win
-      if (maps > 0) {
-        auto twin = layers[static_cast<size_t>(l)].cands.back();
-        twin.error *= 1.5;
-        layers[static_cast<size_t>(l)].cands.push_back(twin);
-      }
-    }
+    std::vector<Layer> layers = random_layers(rng, n_layers, 0, true);
     const double s = 1.05 + 0.6 * u(rng);
     auto in = inputs(layers);
     const auto mc = cd::choose_for_model(in, speedup(s), strict());
@@ -175,20 +202,10 @@ TEST_CASE("model budget: the choice is the brute-force optimum over every assign
     const double budget = 6.0 * n_layers / s, guard = 0.1 + 0.3 * u(rng);
     double least = std::numeric_limits<double>::infinity(), fastest_guarded = least;
     std::vector<std::pair<double, double>> feasible;  // (largest, sum) of the assignments within the budget
-    std::vector<size_t> pick(static_cast<size_t>(n_layers), 0);
-    std::function<void(size_t, double, double, double)> go = [&](size_t l, double lat, double err, double sum) {
-      if (l == pick.size()) {
-        if (lat <= budget * (1 + 1e-12)) least = std::min(least, err), feasible.emplace_back(err, sum);
-        if (err <= guard) fastest_guarded = std::min(fastest_guarded, lat);
-        return;
-      }
-      const auto& c = layers[l].cands;
-      for (size_t i = 0; i < c.size(); ++i) {
-        const double e = c[i].error / c[1].error;
-        go(l + 1, lat + layers[l].lat.seconds.at(c[i].op.key()), std::max(err, e), sum + e);
-      }
-    };
-    go(0, 0, 0, 0);
+    for_each_assignment(layers, [&](double lat, double err, double sum) {
+      if (lat <= budget * (1 + 1e-12)) least = std::min(least, err), feasible.emplace_back(err, sum);
+      if (err <= guard) fastest_guarded = std::min(fastest_guarded, lat);
+    });
     double best = least, best_sum = std::numeric_limits<double>::infinity();
     for (const auto& [err, sum] : feasible)
       if (err <= least * (1 + cd::kMaxErrorTie) && sum < best_sum) best = err, best_sum = sum;
@@ -240,37 +257,17 @@ TEST_CASE("model budget: the default sums the layers' errors; the guard still bo
   int within_guard = 0, over_guard = 0, sum_over_guard = 0;
   for (int trial = 0; trial < 150; ++trial) {
     const int n_layers = 2 + static_cast<int>(rng() % 2);
-    std::vector<Layer> layers(static_cast<size_t>(n_layers));
-    for (int l = 0; l < n_layers; ++l) {
-      std::vector<double> sink;
-      double e = 0.5 + u(rng);
-      for (int t = 0; t < 5; ++t) sink.push_back(e *= 0.4 + 0.5 * u(rng));
-      fill(layers[static_cast<size_t>(l)], "L" + std::to_string(l), sink);
-      const int maps = 1 + static_cast<int>(rng() % 4);
-      for (int m = 0; m < maps; ++m)
-        layers[static_cast<size_t>(l)].add(map_op(m, 1 + static_cast<int>(rng() % 4), 0.3 * u(rng)),
-                                           1.5 + 4.5 * u(rng));
-    }
+    std::vector<Layer> layers = random_layers(rng, n_layers, 1, false);
     const double s = 1.05 + 0.6 * u(rng), budget = 6.0 * n_layers / s, guard = 0.1 + 0.3 * u(rng);
     // Brute force: the least sum within the budget (then the least latency),
     // its largest layer error; the fastest assignment whose largest is within the guard.
     double best_sum = std::numeric_limits<double>::infinity(), best_lat = 0, best_largest = 0;
     double fastest_guarded = std::numeric_limits<double>::infinity();
-    std::vector<size_t> pick(static_cast<size_t>(n_layers), 0);
-    std::function<void(size_t, double, double, double)> go = [&](size_t l, double lat, double largest, double sum) {
-      if (l == pick.size()) {
-        const bool better = sum < best_sum * (1 - 1e-12) || (sum <= best_sum * (1 + 1e-12) && lat < best_lat);
-        if (lat <= budget * (1 + 1e-12) && better) best_sum = sum, best_lat = lat, best_largest = largest;
-        if (largest <= guard) fastest_guarded = std::min(fastest_guarded, lat);
-        return;
-      }
-      const auto& c = layers[l].cands;
-      for (size_t i = 0; i < c.size(); ++i) {
-        const double e = c[i].error / c[1].error;
-        go(l + 1, lat + layers[l].lat.seconds.at(c[i].op.key()), std::max(largest, e), sum + e);
-      }
-    };
-    go(0, 0, 0, 0);
+    for_each_assignment(layers, [&](double lat, double largest, double sum) {
+      const bool better = sum < best_sum * (1 - 1e-12) || (sum <= best_sum * (1 + 1e-12) && lat < best_lat);
+      if (lat <= budget * (1 + 1e-12) && better) best_sum = sum, best_lat = lat, best_largest = largest;
+      if (largest <= guard) fastest_guarded = std::min(fastest_guarded, lat);
+    });
     if (std::isinf(best_sum)) continue;
     CAPTURE(trial);
     CAPTURE(guard);
