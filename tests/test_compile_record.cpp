@@ -622,6 +622,8 @@ TEST_CASE("compile record: --guard replaces a budget choice far from the teacher
   CHECK(out.find("asapc: warning: the 1.80x budget's best choice") != std::string::npos);
   CHECK(out.find("over --guard 0.3, so compile stores the fastest choice within the guard") != std::string::npos);
   CHECK(out.find("budget 1.80x for the model (not met: its best choice, ") != std::string::npos);
+  CHECK(out.find("leaves a layer at ") != std::string::npos);           // the guard's error is a layer's
+  CHECK(out.find("; normalized errors summed ") != std::string::npos);  // the default model error
 }
 
 TEST_CASE("compile record: under --budget layer the guard replaces a layer's choice far from its teacher") {

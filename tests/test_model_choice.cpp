@@ -278,6 +278,7 @@ TEST_CASE("model budget: the default sums the layers' errors; the guard still bo
     REQUIRE_FALSE(mc.per_layer_fallback);
     CHECK(mc.record.error == "sum");
     CHECK(mc.record.model_error == doctest::Approx(best_sum).epsilon(1e-12));
+    CHECK(mc.layers[0].decision.find("summed over the layers") != std::string::npos);
     CHECK(mc.record.total_s == doctest::Approx(best_lat).epsilon(1e-12));
     mo.guard = guard;
     const auto g = cd::choose_for_model(in, speedup(s), mo);
@@ -428,6 +429,11 @@ TEST_CASE("model budget: max-error gives the fastest assignment within the error
   CHECK(by_default.layers[0].index == mc.layers[0].index);
   CHECK(by_default.layers[1].index == mc.layers[1].index);
   CHECK(by_default.layers[0].decision.find("largest layer error is within 0.07") != std::string::npos);
+  // --model-error sum asked for with --objective max-error: the bound is on the layers' sum, and said so.
+  mo.error = asap::ModelErrorKind::kSum;
+  const auto summed = cd::choose_for_model(in, o, mo);
+  CHECK(summed.record.error == "sum");
+  CHECK(summed.layers[0].decision.find("summed layer error is within 0.07") != std::string::npos);
 
   // 7x: 1.71 s for both layers, below two T' = 1 (2 s): each layer chooses on its own, and says so.
   const auto none = cd::choose_for_model(in, speedup(7), strict());

@@ -656,22 +656,18 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
   // chunk's rows are copied out. One chunk (short sequences) writes the
   // outputs in place: they hold round_up(nR, width) each.
   const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
-  if (nch == 1) {
-    const int64_t ldt = round_up(nR_, W);
-    int64_t ld;
-    const T* t = tile(0, nR_, 0, nJ_, 0, &ld);
-    T* tt = scratch_[0].stats.get(nJ_ * ldt);
-    kt_.transpose(nR_, nJ_, t, ld, tt, ldt);
-    kt_.col_stats(nJ_, nR_, tt, ldt, shift, mx, mean, sd, mxc, vc, w, wc, y);
-    return;
-  }
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), ldt = round_up(r1 - r0, W);
+    const bool direct = nch == 1;
     int64_t ld;
     const T* t = tile(r0, r1, 0, nJ_, tid, &ld);
-    T* tt = scratch_[tid].stats.get((nJ_ + 6) * ldt);
+    T* tt = scratch_[tid].stats.get((nJ_ + (direct ? 0 : 6)) * ldt);
     T* o = tt + nJ_ * ldt;
     kt_.transpose(r1 - r0, nJ_, t, ld, tt, ldt);
+    if (direct) {
+      kt_.col_stats(nJ_, nR_, tt, ldt, shift, mx, mean, sd, mxc, vc, w, wc, y);
+      return;
+    }
     kt_.col_stats(nJ_, r1 - r0, tt, ldt, shift, o, o + ldt, o + 2 * ldt, o + 4 * ldt, o + 5 * ldt, w, wc,
                   y ? o + 3 * ldt : nullptr);
     for (int64_t r = r0; r < r1; ++r) {

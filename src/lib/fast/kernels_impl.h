@@ -1476,12 +1476,37 @@ T peak_fma(int64_t iters, T seed) {
 
 template <class T>
 constexpr detail::KernelTable<T> make_table() {
-  return detail::KernelTable<T>{
-      ASAP_ISA_NAME, ASAP_NT_MR,    ASAP_NT_NV * Vec<T>::W, Vec<T>::W,        &pack_b<T>,       &gemm_nt<T>,
-      &gemm_nn<T>,   &gemm_tn<T>,   &scale_cols<T>,         &row_lse<T>,      &transpose<T>,    &col_lse_chunk<T>,
-      &col_max<T>,   &col_exp<T>,   &col_lse_tail<T>,       &col_max_tail<T>, &col_exp_tail<T>, &plan<T>,
-      &vexp<T>,      &add_log_t<T>, &lse_finish_t<T>,       &lse_start<T>,    &row_sqnorm<T>,   &map_tail<T>,
-      &col_stats<T>, &col_sums<T>,  &all_finite<T>,         &peak_fma<T>};
+  // One entry a line, in KernelTable's order.
+  // clang-format off
+  return detail::KernelTable<T>{ASAP_ISA_NAME,
+                                ASAP_NT_MR,
+                                ASAP_NT_NV * Vec<T>::W,
+                                Vec<T>::W,
+                                &pack_b<T>,
+                                &gemm_nt<T>,
+                                &gemm_nn<T>,
+                                &gemm_tn<T>,
+                                &scale_cols<T>,
+                                &row_lse<T>,
+                                &transpose<T>,
+                                &col_lse_chunk<T>,
+                                &col_max<T>,
+                                &col_exp<T>,
+                                &col_lse_tail<T>,
+                                &col_max_tail<T>,
+                                &col_exp_tail<T>,
+                                &plan<T>,
+                                &vexp<T>,
+                                &add_log_t<T>,
+                                &lse_finish_t<T>,
+                                &lse_start<T>,
+                                &row_sqnorm<T>,
+                                &map_tail<T>,
+                                &col_stats<T>,
+                                &col_sums<T>,
+                                &all_finite<T>,
+                                &peak_fma<T>};
+  // clang-format on
 }
 
 constexpr detail::Kernels kTable{make_table<float>(), make_table<double>()};
