@@ -481,6 +481,49 @@ def overhead_report_gives_the_pass_families_and_alpha_stats_apart():
 
 
 @test
+def overhead_report_gives_the_loop_ladder_against_the_teacher():
+    # The ladder of overhead_report.py on made-up runs, by hand. Slice-free,
+    # n = 17: teacher T = 6 50 ms, T' = 1..6 26, 32, 36, 41, 46, 51: speed-ups
+    # 1.92x 1.56x 1.39x 1.22x 1.09x 0.98x, a pass (51 - 26) / 5 = 5 ms, the
+    # rest 26 - 5 = 21 ms (4.2 passes); T' <= 3 reach 1.25x. n = 128 (outside
+    # 17-64) is in the table, not in the summary; n = 32 lacks T' = 5 and gets
+    # no row; the 16-slice run, with the same timings, gets none either.
+    def res(op, param, n, ms):
+        return {"op": op, "param": param, "n": n, "B": 16, "H": 4, "median_s": ms * 1e-3, "bound_s": None,
+                "bound_ratio": None}
+    ladder = [26, 32, 36, 41, 46, 51]
+
+    def shape(n, loops=ladder):
+        return [res("teacher_fast", 6, n, 50)] + [res("sinkhorn", p, n, ms) for p, ms in loops]
+    free = shape(17, enumerate(ladder, 1)) + shape(128, enumerate([10, 20, 30, 40, 50, 60], 1)) + \
+        shape(32, [(p, ms) for p, ms in enumerate(ladder, 1) if p != 5])
+    tool = os.path.join(TOOLS, "bench", "overhead_report.py")
+    with tempfile.TemporaryDirectory() as d:
+        for name, results in (("free.json", free), ("sliced.json", shape(17, enumerate(ladder, 1)))):
+            with open(os.path.join(d, name), "w") as f:
+                json.dump({"machine": {"cpu": "test cpu", "threads": 2}, "results": results}, f)
+        index = os.path.join(d, "index")
+        with open(index, "w") as f:
+            f.write("active 16 0 %s\nactive 16 16 %s\n" % (os.path.join(d, "free.json"), os.path.join(d, "sliced.json")))
+        r = subprocess.run([sys.executable, tool, index], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        rows = [x for x in r.stdout.splitlines() if x.startswith("| active |")]
+        assert rows == [
+            "| active | 16 | 17 | 50.0000 | 1.92x | 1.56x | 1.39x | 1.22x | 1.09x | 0.98x | 5.0000 | 21.0000 ms (4.2 passes) |",
+            "| active | 16 | 128 | 50.0000 | 5.00x | 2.50x | 1.67x | 1.25x | 1.00x | 0.83x | 10.0000 | "
+            "0.0000 ms (0.0 passes) |"], r.stdout
+        summary = [" ".join(x.split()) for x in r.stdout.splitlines() if x.startswith("  active") and "n=" in x
+                   and "T'" in x and "bound" not in x and "largest" not in x]
+        assert summary == ["active d=16 n=17 T' <= 3 (T' = 4: 1.22x)"], r.stdout
+        # no teacher timed: no ladder at all
+        with open(os.path.join(d, "free.json"), "w") as f:
+            json.dump({"machine": {"cpu": "test cpu", "threads": 2},
+                       "results": [x for x in free if x["op"] != "teacher_fast"]}, f)
+        r = subprocess.run([sys.executable, tool, index], capture_output=True, text=True)
+        assert r.returncode == 0 and "loop ladder" not in r.stdout, r.stdout
+
+
+@test
 def fork_join_times_the_team_with_the_threads_asked_for():
     # tools/experiments/fork_join.{sh,cpp}: the two fork/join timings on the
     # thread count given (2 here; LibTorch's own default in Debian's build is

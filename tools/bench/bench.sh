@@ -36,8 +36,10 @@
 # B x H = 16 x 4, d = 16 and 64, slice-free and with 16 slices, under
 # OpenMP's ACTIVE and PASSIVE wait policies. Prints one table per setting,
 # the largest ratio per setting over n = 17-64 (targets: slice-free within
-# 1.05x, 16 slices within 1.25x) and the n = 50 4-pass call against its
-# FLOP/exp bound (tools/bench/overhead_report.py). --quick: n = 17 and 50,
+# 1.05x, 16 slices within 1.25x), the n = 50 4-pass call against its
+# FLOP/exp bound, and (slice-free) the loop ladder: Sinkhorn T' = 1..6
+# against the fused teacher T = 6, about the most a p-pass operator gains
+# over it at that shape (tools/bench/overhead_report.py). --quick: n = 17 and 50,
 # d = 16, ACTIVE only. The timings (median per operator) to $OUT when OUT is
 # set (docs/bench_overhead.json).
 #
@@ -106,7 +108,8 @@ if [ "${1:-}" = "--overhead" ]; then
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   TMPD=$(mktemp -d)
   trap 'rm -rf "$TMPD"' EXIT
-  OPS=sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_6,asap_1,asap_3,asap_st_1,asap_st_3,asap_cst_1,asap_cst_3
+  OPS=teacher_fast_6,sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_5,sinkhorn_6
+  OPS=$OPS,asap_1,asap_3,asap_st_1,asap_st_3,asap_cst_1,asap_cst_3
   OPS=$OPS,asap_sm_1,asap_sm_3
   OPS=$OPS,asap_s3_1,asap_s3_3
   i=0
@@ -116,7 +119,7 @@ if [ "${1:-}" = "--overhead" ]; then
         i=$((i + 1))
         echo "  running: OMP_WAIT_POLICY=$policy d=$d slices=$slices n=$NS" >&2
         # shellcheck disable=SC2086
-        "$BENCH" --wait-policy $policy --n "$NS" --bh 16x4 --d "$d" --slices "$slices" --T 6 --k 1,2,3,4,6 \
+        "$BENCH" --wait-policy $policy --n "$NS" --bh 16x4 --d "$d" --slices "$slices" --T 6 --k 1,2,3,4,5,6 \
           --only "$OPS" --reps 201 --no-mem --json "$TMPD/$i.json" "$@" > /dev/null 2>&1 \
           || { echo "bench.sh: asap_bench failed (policy $policy, d $d, slices $slices)" >&2; exit 1; }
         echo "$policy $d $slices $TMPD/$i.json" >> "$TMPD/index"

@@ -7,8 +7,13 @@ run's --json). Prints, per run, every ASAP family with k closures against
 Sinkhorn T' = its passes; then, per setting, the largest ratio over
 n = 17-64 of the families whose passes are all log-sum-exp passes (targets:
 slice-free 1.05x, 16 slices 1.25x), and of alpha+stats against T' = k and
-T' = k + 1; then the n = 50 4-pass map against its FLOP/exp bound. OUT, when
-given and not empty: the timings of every run as one JSON list of blocks.
+T' = k + 1; then the n = 50 4-pass map against its FLOP/exp bound; then, for the
+slice-free runs that timed the fused teacher T = 6, the loop ladder: Sinkhorn
+T' = 1..6 against the teacher at each n, a pass's cost ((T' = 6 - T' = 1) / 5,
+row and column passes averaged) and the rest of a call (T' = 1 less a pass).
+A p-pass ASAP map costs about what T' = p costs (the ratios above), so T' = p's
+speed-up is about the most a p-pass operator can gain over the teacher there. OUT,
+when given and not empty: the timings of every run as one JSON list of blocks.
 """
 import json, os, sys
 
@@ -41,7 +46,7 @@ try:
         index_lines = [x for x in f if x.strip()]
 except OSError as e:
     fail("cannot read the index '%s' (%s)" % (sys.argv[1], e))
-rows, raw = [], []
+rows, raw, ladders = [], [], []
 for line in index_lines:
     policy, d, slices, data = load_run(sys.argv[1], line)
     raw.append({"policy": policy, "d": int(d), "slices": int(slices),
@@ -51,6 +56,11 @@ for line in index_lines:
                 "results": [{k: x.get(k) for k in ("op", "param", "n", "B", "H", "median_s", "bound_s",
                                                    "bound_ratio")} for x in data["results"]]})
     t = {(r["n"], r["op"], r["param"]): r for r in data["results"]}
+    if slices == "0":
+        for n in sorted({k[0] for k in t}):
+            teacher, loops = t.get((n, "teacher_fast", 6)), [t.get((n, "sinkhorn", p)) for p in range(1, 7)]
+            if teacher and all(loops):
+                ladders.append((policy, int(d), n, teacher["median_s"], [x["median_s"] for x in loops]))
     print("\nOMP_WAIT_POLICY=%s, d = %s, %s, %d threads" % (policy, d, "slice-free" if slices == "0" else slices + " slices",
                                                            data["machine"]["threads"]))
     print("| n | family | k | passes | ASAP (ms) | Sinkhorn T' = passes (ms) | ratio |")
@@ -100,6 +110,25 @@ b = [r for r in rows if r[3] == 50 and r[4] == "alpha+softmax+sinkhorn3" and r[5
 for r in b:
     print("  n=50 4-pass alpha+softmax+sinkhorn3 k=1 (%s, d=%d, %s): %.2fx its FLOP/exp bound (stretch: <= 3x)"
           % (r[0], r[1], "slice-free" if r[2] == 0 else "%d slices" % r[2], r[8]))
+if ladders:
+    print("\nThe loop ladder: Sinkhorn T' against the fused teacher T = 6 (teacher / T'), slice-free; a p-pass map\n"
+          "costs about what T' = p costs (above), so this is about the most a p-pass operator gains over the teacher:")
+    print("| policy | d | n | teacher (ms) | T'=1 | T'=2 | T'=3 | T'=4 | T'=5 | T'=6 | a pass (ms) | the rest of a call |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for policy, d, n, teacher, loops in ladders:
+        per_pass = (loops[5] - loops[0]) / 5
+        rest = loops[0] - per_pass
+        print("| %s | %d | %d | %.4f | %s | %.4f | %.4f ms (%.1f passes) |" % (
+            policy, d, n, 1e3 * teacher, " | ".join("%.2fx" % (teacher / x) for x in loops), 1e3 * per_pass,
+            1e3 * rest, rest / per_pass if per_pass > 0 else float("nan")))
+    print("\nThe most passes at 1.25x the teacher T = 6 or more, n = 17-64:")
+    for policy, d, n, teacher, loops in ladders:
+        if not 17 <= n <= 64:
+            continue
+        fast = [p for p in range(1, 7) if teacher / loops[p - 1] >= 1.25]
+        most = max(fast) if fast else 0
+        nxt = "T' = %d: %.2fx" % (most + 1, teacher / loops[most]) if most < 6 else "every T' <= 6"
+        print("  %-7s d=%-3d n=%-3d %s (%s)" % (policy, d, n, "T' <= %d" % most if most else "none", nxt))
 if len(sys.argv) > 2 and sys.argv[2]:
     tmp = sys.argv[2] + ".tmp"  # written whole, then renamed: an interrupted run leaves OUT as it was
     with open(tmp, "w") as f:
