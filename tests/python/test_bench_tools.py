@@ -514,7 +514,7 @@ def overhead_report_gives_the_loop_ladder_against_the_teacher():
             "0.0000 ms (0.0 passes) |"], r.stdout
         summary = [" ".join(x.split()) for x in r.stdout.splitlines() if x.startswith("  active") and "n=" in x
                    and "T'" in x and "bound" not in x and "largest" not in x]
-        assert summary == ["active d=16 n=17 T' <= 3 (T' = 4: 1.22x)"], r.stdout
+        assert summary == ["active d=16 n=17 T' <= 3 (T' = 4: 1.220x)"], r.stdout
         # no teacher timed: no ladder at all
         with open(os.path.join(d, "free.json"), "w") as f:
             json.dump({"machine": {"cpu": "test cpu", "threads": 2},

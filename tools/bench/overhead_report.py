@@ -127,7 +127,7 @@ if ladders:
             continue
         fast = [p for p in range(1, 7) if teacher / loops[p - 1] >= 1.25]
         most = max(fast) if fast else 0
-        nxt = "T' = %d: %.2fx" % (most + 1, teacher / loops[most]) if most < 6 else "every T' <= 6"
+        nxt = "T' = %d: %.3fx" % (most + 1, teacher / loops[most]) if most < 6 else "every T' <= 6"
         print("  %-7s d=%-3d n=%-3d %s (%s)" % (policy, d, n, "T' <= %d" % most if most else "none", nxt))
 if len(sys.argv) > 2 and sys.argv[2]:
     tmp = sys.argv[2] + ".tmp"  # written whole, then renamed: an interrupted run leaves OUT as it was
