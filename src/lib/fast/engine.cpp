@@ -405,16 +405,18 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   if (final && ch_.store) {
     // Exact column maxima, then E = exp(S' + f' - max_j) in place with the
     // column sums; plan * mult = E * mult * b / sum_j. The column scales go
-    // into whichever is smaller: E's columns (nR x nJ entries, in place) or
-    // V's rows (nJ x dv), which the output GEMM scales as it loads them. At
-    // n = 17, d = 64 scaling V was 3% of a call (docs/performance.md, "AVX2:
-    // `alpha` at d = 64, and the final column pass scales the smaller side");
-    // at n = 17, d = 16 a scaled copy of V made the operators that end here
-    // 3-12% slower than the scales in the GEMM (docs/performance.md, "AVX-512
-    // again").
+    // into whichever costs less: E's columns in place (a load, a multiply and
+    // a store per vector of E) or V's rows as the output GEMM loads them (one
+    // multiply per vector of V, but again for every micro tile of rows). At
+    // n = 17, d = 16 the GEMM's scales beat both E's and a scaled copy of V
+    // (docs/performance.md, "AVX-512 again"); at d = 64 E's columns win from
+    // n = 17 (docs/performance.md, "AVX2: `alpha` at d = 64, and the final
+    // column pass scales the smaller side") and by more as n grows (counting
+    // V's rows once, as before, kept n = 50-64 in the GEMM: "The final column
+    // pass's scales by their cost").
     T* S = S_.data();
     const int64_t W = kt_.width;
-    const bool scale_e = has_v_ && nR_ * ((nJ_ + W - 1) / W) < nJ_ * (dvp_ / W);
+    const bool scale_e = has_v_ && 3 * nR_ * ((nJ_ + W - 1) / W) < gemm_row_tiles(nR_) * nJ_ * (dvp_ / W);
     exp_down_columns(S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g, [&](int64_t c0, int64_t c1) {
       for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
       if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);

@@ -159,6 +159,13 @@ class Engine {
     const int64_t rem = nc & (kt_.width - 1);
     return rem >= kColVectorTailMin ? nc - rem : nc;
   }
+  // The micro tiles of rows that emit's output GEMMs run over nrows rows
+  // (chunks of chunk_rows, each in tiles of nn_mr rows): how many times
+  // gemm_nn scales a row of V it is given scales for.
+  int64_t gemm_row_tiles(int64_t nrows) const {
+    const int64_t CR = ch_.chunk_rows, MR = kt_.nn_mr, full = nrows / CR, rem = nrows - full * CR;
+    return full * ((CR + MR - 1) / MR) + (rem + MR - 1) / MR;
+  }
   // The rows [r0, r1) x columns [c0, c1) of S' (c0 on a panel boundary):
   // pointer and leading dimension; writable (final passes work in place).
   T* tile(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld);

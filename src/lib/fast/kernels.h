@@ -30,6 +30,7 @@ struct KernelTable {
   int nt_mr;        // gemm_nt: rows per micro tile; callers pad row counts to a multiple
   int nt_nr;        // gemm_nt: columns per packed panel; callers pad leading dims to a multiple
   int width;        // vector lanes (leading dims of buffers are multiples of it)
+  int nn_mr;        // gemm_nn / gemm_tn: rows per micro tile
 
   // Packs B [N x K] (row-major, ldb) times alpha into panels of nt_nr columns:
   // out has roundup(N, nt_nr) * K elements; columns past N are zero up to

@@ -1515,6 +1515,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 ASAP_NT_MR,
                                 ASAP_NT_NV * Vec<T>::W,
                                 Vec<T>::W,
+                                ASAP_NN_MR,
                                 &pack_b<T>,
                                 &gemm_nt<T>,
                                 &gemm_nn<T>,
