@@ -875,9 +875,11 @@ TEST_CASE("fast: teacher matches the reference (dtypes, masks, conventions, budg
       for (bool masked : {false, true}) {
         for (bool drop : {false, true}) {
           if (drop && !masked) continue;
-          // dv = 40 at n = 9: a final column pass then scales E's columns
-          // (fewer entries than V's rows); dv = 5 scales V.
-          const int64_t B = 2, H = 3, d = 8, dv = n == 9 ? 40 : 5;
+          // dv = 40 at n = 9 and 64 at n = 130: a final column pass then
+          // scales E's columns, where that costs less than scaling V's rows
+          // in every micro tile of the GEMM (at n = 130 in two column blocks
+          // on the within-head configurations); dv = 5 scales V.
+          const int64_t B = 2, H = 3, d = 8, dv = n == 9 ? 40 : n == 130 ? 64 : 5;
           auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
           auto v = at::randn({B, H, n, dv}, dtype);
           auto mask = masked ? make_mask(B, n, seed++) : at::Tensor();

@@ -487,7 +487,8 @@ def overhead_report_gives_the_loop_ladder_against_the_teacher():
     # 1.92x 1.56x 1.39x 1.22x 1.09x 0.98x, a pass (51 - 26) / 5 = 5 ms, the
     # rest 26 - 5 = 21 ms (4.2 passes); T' <= 3 reach 1.25x. n = 128 (outside
     # 17-64) is in the table, not in the summary; n = 32 lacks T' = 5 and gets
-    # no row; the 16-slice run, with the same timings, gets none either.
+    # no row; the 16-slice run, with the same timings, gets none either. The
+    # summary's cases below: none, every T', exactly 1.25x, a noisy T'.
     def res(op, param, n, ms):
         return {"op": op, "param": param, "n": n, "B": 16, "H": 4, "median_s": ms * 1e-3, "bound_s": None,
                 "bound_ratio": None}
@@ -497,6 +498,16 @@ def overhead_report_gives_the_loop_ladder_against_the_teacher():
         return [res("teacher_fast", 6, n, 50)] + [res("sinkhorn", p, n, ms) for p, ms in loops]
     free = shape(17, enumerate(ladder, 1)) + shape(128, enumerate([10, 20, 30, 40, 50, 60], 1)) + \
         shape(32, [(p, ms) for p, ms in enumerate(ladder, 1) if p != 5])
+    # n = 50: none at 1.25x (T' = 1 at 50 / 45). n = 64: T' = 2 at 1.25 exactly (0.625 / 0.5 s, binary
+    # fractions: it counts). n = 60: T' = 4 at 50 / 39 is past a slower T' = 3 (50 / 42), so the
+    # count stops at 2. n = 40: every T' <= 6 at 1.25x or more.
+    free += shape(50, enumerate([45, 46, 47, 48, 49, 50], 1))
+    free += [{"op": "teacher_fast", "param": 6, "n": 64, "B": 16, "H": 4, "median_s": 0.625, "bound_s": None,
+              "bound_ratio": None}] + [{"op": "sinkhorn", "param": p, "n": 64, "B": 16, "H": 4, "median_s": x,
+                                        "bound_s": None, "bound_ratio": None}
+                                       for p, x in enumerate([0.25, 0.5, 0.5625, 0.55, 0.6, 0.625], 1)]
+    free += shape(60, enumerate([10, 20, 42, 39, 45, 48], 1))
+    free += shape(40, enumerate([10, 20, 30, 35, 38, 39], 1))
     tool = os.path.join(TOOLS, "bench", "overhead_report.py")
     with tempfile.TemporaryDirectory() as d:
         for name, results in (("free.json", free), ("sliced.json", shape(17, enumerate(ladder, 1)))):
@@ -508,13 +519,18 @@ def overhead_report_gives_the_loop_ladder_against_the_teacher():
         r = subprocess.run([sys.executable, tool, index], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         rows = [x for x in r.stdout.splitlines() if x.startswith("| active |")]
-        assert rows == [
-            "| active | 16 | 17 | 50.0000 | 1.92x | 1.56x | 1.39x | 1.22x | 1.09x | 0.98x | 5.0000 | 21.0000 ms (4.2 passes) |",
-            "| active | 16 | 128 | 50.0000 | 5.00x | 2.50x | 1.67x | 1.25x | 1.00x | 0.83x | 10.0000 | "
-            "0.0000 ms (0.0 passes) |"], r.stdout
-        summary = [" ".join(x.split()) for x in r.stdout.splitlines() if x.startswith("  active") and "n=" in x
-                   and "T'" in x and "bound" not in x and "largest" not in x]
-        assert summary == ["active d=16 n=17 T' <= 3 (T' = 4: 1.220x)"], r.stdout
+        assert rows[0] == ("| active | 16 | 17 | 50.0000 | 1.92x | 1.56x | 1.39x | 1.22x | 1.09x | 0.98x | 5.0000 | "
+                           "21.0000 ms (4.2 passes) |"), r.stdout
+        assert rows[-1] == ("| active | 16 | 128 | 50.0000 | 5.00x | 2.50x | 1.67x | 1.25x | 1.00x | 0.83x | 10.0000 | "
+                            "0.0000 ms (0.0 passes) |"), r.stdout
+        assert [x.split(" | ")[2] for x in rows] == ["17", "40", "50", "60", "64", "128"], rows
+        head = "The most passes at 1.25x the teacher T = 6 or more, n = 17-64:"
+        summary = [" ".join(x.split()) for x in r.stdout.split(head, 1)[1].splitlines() if x.strip()]
+        assert summary == ["active d=16 n=17 T' <= 3 (T' = 4: 1.220x)",
+                           "active d=16 n=40 T' <= 6 (every T' <= 6)",
+                           "active d=16 n=50 none (T' = 1: 1.111x)",
+                           "active d=16 n=60 T' <= 2 (T' = 3: 1.190x)",
+                           "active d=16 n=64 T' <= 2 (T' = 3: 1.111x)"], r.stdout
         # no teacher timed: no ladder at all
         with open(os.path.join(d, "free.json"), "w") as f:
             json.dump({"machine": {"cpu": "test cpu", "threads": 2},
