@@ -479,7 +479,57 @@ void check_row_lse(const asap::fast::detail::KernelTable<T>& kt, int64_t rows, i
   }
 }
 
+// col_line against its definition: mx the largest x + add (the same sum in
+// T, so exactly), sm the sum of exp(x + add - mx) against float64, e those
+// exponentials at stride lde (the column of a tile) with the entries between
+// untouched; a line of -inf only gives -inf, 0 and zeros.
+template <class T>
+void check_col_line(const asap::fast::detail::KernelTable<T>& kt, int64_t count, bool all_neg_inf, double tol) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t lde = 3;
+  std::vector<T> x(static_cast<size_t>(count)), add(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = static_cast<T>(4.0 * std::sin(1.7 * static_cast<double>(i) + 0.3));
+    add[i] = all_neg_inf ? ninf : static_cast<T>(std::cos(0.9 * static_cast<double>(i)));
+  }
+  std::vector<T> e(static_cast<size_t>(count * lde), T(-7));
+  T mx = 0, sm = -1, mx2 = 0, sm2 = -1;
+  kt.col_line(count, x.data(), add.data(), &mx, &sm, nullptr, 0);
+  kt.col_line(count, x.data(), add.data(), &mx2, &sm2, e.data(), lde);
+  CAPTURE(count);
+  CAPTURE(all_neg_inf);
+  T want_m = ninf;
+  for (int64_t i = 0; i < count; ++i) want_m = std::max(want_m, static_cast<T>(x[i] + add[i]));
+  CHECK(mx == want_m);
+  CHECK(mx2 == want_m);
+  double want_z = 0;
+  int wrong = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double y = all_neg_inf ? 0.0 : std::exp(static_cast<double>(x[i] + add[i]) - static_cast<double>(want_m));
+    want_z += y;
+    if (!(std::abs(static_cast<double>(e[i * lde]) - y) <= tol * std::max(1e-30, y) + 1e-30)) ++wrong;
+    for (int64_t s = 1; s < lde; ++s)
+      if (e[i * lde + s] != T(-7)) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(std::abs(static_cast<double>(sm) - want_z) <= tol * std::max(1.0, want_z));
+  CHECK(sm2 == sm);
+}
+
 }  // namespace
+
+TEST_CASE("fast: col_line against its definition on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    const auto& K = kernels_of(isa);
+    for (int64_t count = 1; count <= 70; ++count) {
+      check_col_line(K.f32, count, false, 2e-6);
+      check_col_line(K.f64, count, false, 1e-13);
+    }
+    check_col_line(K.f32, 17, true, 0);
+    check_col_line(K.f64, 2, true, 0);
+  }
+}
 
 TEST_CASE("fast: pack_b and row_lse against their definitions on every instruction set") {
   // Covers the register transposes of pack_b (whole W x W blocks, the last

@@ -278,35 +278,40 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
 }
 
 template <class T>
-template <class Chunk>
+template <class Chunk, class Line>
 void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m,
-                                 T* mx, T* sm, T* out, const Chunk& chunk) {
+                                 T* mx, T* sm, T* out, const Chunk& chunk, const Line& line) {
   const int64_t nb = (ncols + bw - 1) / bw;
   pfor(nb, [&](int64_t b, int tid) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
     kt_.lse_start(mx + c0, sm + c0, c1 - c0);
-    const int64_t nv = vector_columns(c1 - c0);
+    // A tail of one or two columns from the other layout (col_line), else
+    // the column kernels take it (vector_columns).
+    const int64_t nl = line_columns(c0, c1, line), cm = c1 - nl;
+    const int64_t nv = nl > 0 ? cm - c0 : vector_columns(c1 - c0);
     for (int64_t r0 = 0; r0 < nrows; r0 += chunk_rows) {
       const int64_t r1 = std::min(nrows, r0 + chunk_rows);
       int64_t ld;
       const T* t = chunk(r0, r1, c0, c1, tid, &ld);
       kt_.col_lse_chunk(r1 - r0, nv, t, ld, radd + r0, mx + c0, sm + c0);
-      if (nv < c1 - c0) kt_.col_lse_tail(r1 - r0, c1 - c0 - nv, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
+      if (nv < cm - c0) kt_.col_lse_tail(r1 - r0, cm - c0 - nv, t + nv, ld, radd + r0, mx + c0 + nv, sm + c0 + nv);
     }
+    for (int64_t c = cm; c < c1; ++c) kt_.col_line(nrows, line(c), radd, mx + c, sm + c, nullptr, 0);
     kt_.lse_finish(mx + c0, sm + c0, log_m, out + c0, c1 - c0);
   });
 }
 
 template <class T>
-template <class Block>
+template <class Block, class Line>
 void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m,
-                                 T* mx, T* sm, T* out, const Block& block) {
+                                 T* mx, T* sm, T* out, const Block& block, const Line& line) {
   const int64_t nb = (ncols + bw - 1) / bw;
   const int64_t CR = kColChunkRows;
   pfor(nb, [&](int64_t b, int) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
     kt_.lse_start(mx + c0, sm + c0, c1 - c0);
-    const int64_t nv = vector_columns(c1 - c0), rem = c1 - c0 - nv;
+    const int64_t nl = line_columns(c0, c1, line), cm = c1 - nl;
+    const int64_t nv = nl > 0 ? cm - c0 : vector_columns(c1 - c0), rem = cm - c0 - nv;
     for (int64_t r0 = 0; r0 < nrows; r0 += CR) {
       const int64_t r1 = std::min(nrows, r0 + CR);
       kt_.col_max(r1 - r0, nv, M + r0 * ldm + c0, ldm, radd + r0, mx + c0);
@@ -318,6 +323,7 @@ void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols
       kt_.col_exp(r1 - r0, nv, m, ldm, radd + r0, mx + c0, sm + c0, m, ldm);
       if (rem > 0) kt_.col_exp_tail(r1 - r0, rem, m + nv, ldm, radd + r0, mx + c0 + nv, sm + c0 + nv, m + nv, ldm);
     }
+    for (int64_t c = cm; c < c1; ++c) kt_.col_line(nrows, line(c), radd, mx + c, sm + c, M + c, ldm);
     kt_.lse_finish(mx + c0, sm + c0, log_m, out + c0, c1 - c0);
     block(c0, c1);
   });
@@ -348,19 +354,26 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
     const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
     const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
     T* ST = ST_.data();
+    // Column i of S'^T is row i of S' (contiguous): the tail's line.
+    const auto line = [this](int64_t i) { return static_cast<const T*>(S_.data() + i * ldS_); };
     if (!final) {
-      lse_down_columns(nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
-                       [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
-                         *ld = ldST_;
-                         return static_cast<const T*>(ST + r0 * ldST_ + c0);
-                       });
+      lse_down_columns(
+          nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
+          [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
+            *ld = ldST_;
+            return static_cast<const T*>(ST + r0 * ldST_ + c0);
+          },
+          line);
       return;
     }
     const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
     T* rs = rs_.data();
-    exp_down_columns(ST, ldST_, nJ_, nR_, bw, g, log_a_, lse, z, f, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = c0; r < c1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
-    });
+    exp_down_columns(
+        ST, ldST_, nJ_, nR_, bw, g, log_a_, lse, z, f,
+        [&](int64_t c0, int64_t c1) {
+          for (int64_t r = c0; r < c1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
+        },
+        line);
     st_ready_ = false;  // ST now holds E^T
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
@@ -402,6 +415,13 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   // width: sweeping one narrow column strip down all rows touches a new page
   // per row and thrashes the TLB at large n (4x slower at n = 4096).
   const int64_t CRc = ch_.store ? kColChunkRows : ch_.chunk_rows;
+  // Column j of S' is row j of the transposed tile while that holds S'^T:
+  // the tail's line. A row pass follows every non-final column pass and
+  // builds that tile if no pass has yet (a map's closures start with a
+  // column pass), so such a pass builds it itself, at no extra cost.
+  if (!final && use_st_ && !st_ready_) build_transposed();
+  const bool st = ch_.store && st_ready_;
+  const auto st_line = [this, st](int64_t j) { return st ? static_cast<const T*>(ST_.data() + j * ldST_) : nullptr; };
   if (final && ch_.store) {
     // Exact column maxima, then E = exp(S' + f' - max_j) in place with the
     // column sums; plan * mult = E * mult * b / sum_j. The column scales go
@@ -417,10 +437,13 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     T* S = S_.data();
     const int64_t W = kt_.width;
     const bool scale_e = has_v_ && 3 * nR_ * ((nJ_ + W - 1) / W) < gemm_row_tiles(nR_) * nJ_ * (dvp_ / W);
-    exp_down_columns(S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g, [&](int64_t c0, int64_t c1) {
-      for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
-      if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);
-    });
+    exp_down_columns(
+        S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g,
+        [&](int64_t c0, int64_t c1) {
+          for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
+          if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);
+        },
+        st_line);
     const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
     pfor(nch, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
@@ -428,10 +451,12 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     });
     return;
   }
-  lse_down_columns(nR_, nJ_, bw, CRc, f, log_b_, cmax, csum, g,
-                   [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld) {
-                     return static_cast<const T*>(tile(r0, r1, c0, c1, tid, ld));
-                   });
+  lse_down_columns(
+      nR_, nJ_, bw, CRc, f, log_b_, cmax, csum, g,
+      [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld) {
+        return static_cast<const T*>(tile(r0, r1, c0, c1, tid, ld));
+      },
+      st_line);
   if (!final) return;
   // Recomputed tiles: a plan pass with both duals.
   T* radd = radd_.data();

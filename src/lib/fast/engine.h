@@ -199,17 +199,29 @@ class Engine {
   // ncols] matrix (a column pass on S', a row pass on S'^T), in blocks of bw
   // columns over the threads and chunks of rows; chunk(r0, r1, c0, c1, tid, &ld)
   // gives that part of M. mx, sm: per-column scratch (running max and sum).
-  template <class Chunk>
+  // line(c) is column c of M as a contiguous line of nrows (the tile's other
+  // layout), or nullptr: a tail of one or two columns past the last whole
+  // vector then goes to col_line instead of a scalar loop down the rows.
+  template <class Chunk, class Line>
   void lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m, T* mx,
-                        T* sm, T* out, const Chunk& chunk);
+                        T* sm, T* out, const Chunk& chunk, const Line& line);
   // The end of a final pass over the columns of M [nrows x ncols] (ldm; S'
   // for a column pass, S'^T for a row pass), in blocks of bw columns over the
   // threads: the exact column maxima mx of M + radd, then M = exp(M + radd -
   // mx) in place with the column sums sm, out = log_m - mx - log(sm), and
-  // block(c0, c1) for each block's scales.
-  template <class Block>
+  // block(c0, c1) for each block's scales. line: as for lse_down_columns
+  // (col_line then also writes the tail's columns of E).
+  template <class Block, class Line>
   void exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m, T* mx,
-                        T* sm, T* out, const Block& block);
+                        T* sm, T* out, const Block& block, const Line& line);
+  // Of a block [c0, c1) of columns, how many trailing ones col_line takes:
+  // the one or two past the last whole vector that the column kernels would
+  // take one by one (vector_columns), when line gives them; else none.
+  template <class Line>
+  int64_t line_columns(int64_t c0, int64_t c1, const Line& line) const {
+    const int64_t rem = (c1 - c0) & (kt_.width - 1);
+    return rem > 0 && rem < kColVectorTailMin && line(c1 - 1) ? rem : 0;
+  }
   Buf<T> qp_, kp1_, X_, Y_, Qc_;
   Buf<T> f1_, g0_, f3_;            // the teacher's first steps for the softmax / sinkhorn3 columns
   Buf<T> smx_, smean_, ssd_, sy_;  // the score_stats columns (S' units) and their weighted sum

@@ -83,6 +83,15 @@ struct KernelTable {
   void (*col_max_tail)(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, T* cmax);
   void (*col_exp_tail)(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* radd, const T* cmax, T* csum, T* E,
                        int64_t lde);
+  // One column of a column kernel from the tile's other layout, where that
+  // column is a contiguous line x [count] (a row of S'^T for a column of S',
+  // a row of S' for a column of S'^T): *mx = max_i (x[i] + add[i]) and *sm =
+  // sum_i exp(x[i] + add[i] - *mx) over i < count, the state the column
+  // kernels leave for a column they take whole (an empty or all -inf line:
+  // -inf and 0). With e, also e[i * lde] = exp(x[i] + add[i] - *mx): the
+  // column of E. The engine takes a tail of one or two columns this way where
+  // it has both layouts, instead of a scalar exponential per row.
+  void (*col_line)(int64_t count, const T* x, const T* add, T* mx, T* sm, T* e, int64_t lde);
   // E[r,j] = exp(S[r,j] + radd[r] + cadd[j]) (E may alias S).
   void (*plan)(int64_t rows, int64_t nc, const T* S, int64_t lds, const T* radd, const T* cadd, T* E, int64_t lde);
   // y[i] = exp(x[i]) with the kernels' own exponential (for tests).

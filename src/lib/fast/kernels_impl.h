@@ -844,10 +844,11 @@ void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_
 // the clamp moved, exp_f32 above), and are never stored. From three
 // columns on: with fewer keys than a vector (the padded text teacher's
 // sequences are mostly under 16 tokens) every column ran the scalar loop.
-// One or two columns stay scalar (asap_bench, AVX-512: a vector tail for the
-// one column of n = 17 made the passes 15% slower, for the two of n = 50
+// One or two columns stay scalar here (asap_bench, AVX-512: a vector tail for
+// the one column of n = 17 made the passes 15% slower, for the two of n = 50
 // it gained nothing; with the clamp moved, still 6-9% slower at n = 17 by
-// build_ab.sh).
+// build_ab.sh). Where the engine has the tile's other layout, it takes
+// them as lines of that layout instead (col_line below).
 
 template <class T>
 struct Tail {
@@ -917,6 +918,49 @@ void col_exp_tail(int64_t rows, int64_t rem, const T* S, int64_t lds, const T* r
     Z += x;
   }
   tl.out(csum, Z);
+}
+
+template <class T>
+void col_line(int64_t count, const T* x, const T* add, T* mx, T* sm, T* e, int64_t lde) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V m0 = splat<V>(neg_inf<T>()), m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * W <= count; i += 2 * W) {
+    m0 = vmax(m0, load<V>(x + i) + load<V>(add + i));
+    m1 = vmax(m1, load<V>(x + i + W) + load<V>(add + i + W));
+  }
+  for (; i + W <= count; i += W) m0 = vmax(m0, load<V>(x + i) + load<V>(add + i));
+  T m = hmax<T>(vmax(m0, m1));
+  for (; i < count; ++i) m = smax(m, x[i] + add[i]);
+  if (!(m > neg_inf<T>())) {  // no finite entry: what the column kernels leave (a -inf max, a zero sum)
+    *mx = neg_inf<T>();
+    *sm = T(0);
+    if (e)
+      for (int64_t r = 0; r < count; ++r) e[r * lde] = T(0);
+    return;
+  }
+  const V mv = splat<V>(m);
+  V z0 = V{};
+  alignas(64) T y[W];
+  i = 0;
+  for (; i + W <= count; i += W) {
+    const V v = vexp_v(load<V>(x + i) + load<V>(add + i) - mv);
+    z0 += v;
+    if (e) {
+      store(y, v);
+#pragma GCC unroll 16
+      for (int l = 0; l < W; ++l) e[(i + l) * lde] = y[l];
+    }
+  }
+  T z = hsum<T>(z0);
+  for (; i < count; ++i) {
+    const T v = sexp(x[i] + add[i] - m);
+    if (e) e[i * lde] = v;
+    z += v;
+  }
+  *mx = m;
+  *sm = z;
 }
 
 // The column kernels take kColBlock vectors per sweep down the rows, and, in
@@ -1529,6 +1573,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 &col_lse_tail<T>,
                                 &col_max_tail<T>,
                                 &col_exp_tail<T>,
+                                &col_line<T>,
                                 &plan<T>,
                                 &vexp<T>,
                                 &add_log_t<T>,
