@@ -87,8 +87,8 @@ struct KernelTable {
   // column is a contiguous line x [count] (a row of S'^T for a column of S',
   // a row of S' for a column of S'^T): *mx = max_i (x[i] + add[i]) and *sm =
   // sum_i exp(x[i] + add[i] - *mx) over i < count, the state the column
-  // kernels leave for a column they take whole (an empty or all -inf line:
-  // -inf and 0). With e, also e[i * lde] = exp(x[i] + add[i] - *mx): the
+  // kernels leave for a column they take whole (a line of -inf only, which
+  // compacted tiles do not have: -inf, 0 and zeros in e). With e, also e[i * lde] = exp(x[i] + add[i] - *mx): the
   // column of E. The engine takes a tail of one or two columns this way where
   // it has both layouts, instead of a scalar exponential per row.
   void (*col_line)(int64_t count, const T* x, const T* add, T* mx, T* sm, T* e, int64_t lde);

@@ -933,7 +933,7 @@ void col_line(int64_t count, const T* x, const T* add, T* mx, T* sm, T* e, int64
   for (; i + W <= count; i += W) m0 = vmax(m0, load<V>(x + i) + load<V>(add + i));
   T m = hmax<T>(vmax(m0, m1));
   for (; i < count; ++i) m = smax(m, x[i] + add[i]);
-  if (!(m > neg_inf<T>())) {  // no finite entry: what the column kernels leave (a -inf max, a zero sum)
+  if (!(m > neg_inf<T>())) {  // no finite entry (not in a compacted tile): a -inf max, a zero sum, as row_lse
     *mx = neg_inf<T>();
     *sm = T(0);
     if (e)
