@@ -383,14 +383,15 @@ TEST_CASE("model budget: the noise margin is taken only for a choice at least tw
 }
 
 TEST_CASE("model budget: the noise margin is taken for a layer twice as close, even when the model gains less") {
-  // The bundled ViT's case: layer a's map is more than twice as close as
-  // its Sinkhorn T' = 4 (0.045 against 0.10), while the model's error, set by
-  // layer b (0.09 either way), gains only 1.1x. Both maps are 1.5% over the
-  // budget, within the 2% margin: they are taken, and said to be.
+  // The bundled ViT's case (2026-11-26, normalized by softmax's error): layer
+  // a's map is more than twice as close as its Sinkhorn T' = 4 (0.050 against
+  // 0.111), while the model's error (the sum: 0.201 against 0.14) gains only
+  // 1.4x. Both maps are 1.5% over the budget, within the 2% margin: they are
+  // taken, and said to be.
   std::vector<Layer> layers(2);
-  fill(layers[0], "a", {1.0, 0.5, 0.4, 0.10, 0.2});
-  layers[0].add(map_op(0, 4, 0.045), 4.2);
-  fill(layers[1], "b", {1.0, 0.5, 0.4, 0.15, 0.2});
+  fill(layers[0], "a", {1.0, 0.5, 0.4, 0.111, 0.2});
+  layers[0].add(map_op(0, 4, 0.050), 4.2);
+  fill(layers[1], "b", {1.0, 0.5, 0.4, 0.25, 0.2});
   layers[1].add(map_op(0, 4, 0.09), 4.2);
   auto in = inputs(layers);
   cd::ModelChoiceOptions mo;
@@ -403,11 +404,41 @@ TEST_CASE("model budget: the noise margin is taken for a layer twice as close, e
   const auto sc = cd::choose_for_model(in, speedup(1.45), strict());
   CHECK(chosen(layers, sc, 0).name == "sinkhorn T'=4");
   CHECK(chosen(layers, sc, 1).name == map_op(0, 4, 0).name);
-  // a's map at 0.055 is 1.8x closer than T' = 4: the budget's own choice stays.
-  layers[0].cands.back().error = 0.055;
+  // a's map at 0.06 is 1.85x closer than T' = 4: the budget's own choice stays.
+  layers[0].cands.back().error = 0.06;
   const auto mc2 = cd::choose_for_model(in, speedup(1.45), mo);
   CHECK(chosen(layers, mc2, 0).name == "sinkhorn T'=4");
   CHECK_FALSE(mc2.record.within_noise);
+}
+
+TEST_CASE("model budget: a layer within a twentieth of softmax's error is not twice as far from the teacher") {
+  // The bundled ViT of 2026-12-02: within the budget, a 4-pass map on layer a
+  // at 0.036 of softmax's error with b's map (8.5 s); within the noise (10.8%
+  // over), the teacher itself on a (error 0) with b's map (9.5 s). Both of a's
+  // errors are below the floor (0.05), so the layer half of the bar does not
+  // fire, and the model gains 1.45x (0.116 against 0.08), not 2x: the budget's
+  // own choice stays, and the model meets the budget.
+  std::vector<Layer> layers(2);
+  fill(layers[0], "a", {1.0, 0.5, 0.4, 0.111, 0.2});
+  layers[0].add(map_op(0, 4, 0.036), 5.0);
+  fill(layers[1], "b", {1.0, 0.5, 0.4, 0.15, 0.2});
+  layers[1].add(map_op(0, 1, 0.08), 3.5);
+  auto in = inputs(layers);
+  cd::ModelChoiceOptions mo;
+  mo.error = asap::ModelErrorKind::kSum;
+  mo.noise = 0.12;
+  mo.guard = 0;
+  const auto mc = cd::choose_for_model(in, speedup(1.4), mo);  // budget 8.571 s
+  CHECK(chosen(layers, mc, 0).name == map_op(0, 4, 0).name);
+  CHECK(chosen(layers, mc, 1).name == map_op(0, 1, 0).name);
+  CHECK_FALSE(mc.record.within_noise);
+  CHECK(mc.record.target_met);
+  // At 0.12 the map falls behind T' = 4 (0.111, 7.5 s with b's map), which is
+  // more than twice the floor: the teacher within the noise is taken, and said to be.
+  layers[0].cands.back().error = 0.12;
+  const auto far = cd::choose_for_model(in, speedup(1.4), mo);
+  CHECK(chosen(layers, far, 0).op.kind == OperatorKind::kTeacher);
+  CHECK(far.record.within_noise);
 }
 
 TEST_CASE("model budget: max-error gives the fastest assignment within the error; none fits -> per layer, said") {
