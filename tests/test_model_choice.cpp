@@ -411,16 +411,16 @@ TEST_CASE("model budget: the noise margin is taken for a layer twice as close, e
   CHECK_FALSE(mc2.record.within_noise);
 }
 
-TEST_CASE("model budget: a layer within a twentieth of softmax's error is not twice as far from the teacher") {
+TEST_CASE("model budget: a layer within 0.03 of its teacher is not twice as far as the teacher itself") {
   // The bundled ViT of 2026-12-02: within the budget, a 4-pass map on layer a
-  // at 0.036 of softmax's error with b's map (8.5 s); within the noise (10.8%
-  // over), the teacher itself on a (error 0) with b's map (9.5 s). Both of a's
-  // errors are below the floor (0.05), so the layer half of the bar does not
-  // fire, and the model gains 1.45x (0.116 against 0.08), not 2x: the budget's
-  // own choice stays, and the model meets the budget.
+  // at 0.023 with b's map (8.5 s); within the noise (10.8% over), the teacher
+  // itself on a (error 0) with b's map (9.5 s). Both of a's errors are below
+  // the floor (0.03), so the layer half of the bar does not fire, and the
+  // model gains 1.3x (0.103 against 0.08), not 2x: the budget's own choice
+  // stays, and the model meets the budget.
   std::vector<Layer> layers(2);
   fill(layers[0], "a", {1.0, 0.5, 0.4, 0.111, 0.2});
-  layers[0].add(map_op(0, 4, 0.036), 5.0);
+  layers[0].add(map_op(0, 4, 0.023), 5.0);
   fill(layers[1], "b", {1.0, 0.5, 0.4, 0.15, 0.2});
   layers[1].add(map_op(0, 1, 0.08), 3.5);
   auto in = inputs(layers);
@@ -439,6 +439,29 @@ TEST_CASE("model budget: a layer within a twentieth of softmax's error is not tw
   const auto far = cd::choose_for_model(in, speedup(1.4), mo);
   CHECK(chosen(layers, far, 0).op.kind == OperatorKind::kTeacher);
   CHECK(far.record.within_noise);
+}
+
+TEST_CASE("model budget: the floor is on the attention error, not on its share of softmax's") {
+  // The padded text teacher's layer 0: softmax's error is 3, so 0.14 and 0.06
+  // are both under a twentieth of it, but 0.14 is more than twice 0.06 and
+  // decides the agreement there. Within the budget: a's 4.2 s map (0.14) with
+  // b's map; within the 2% noise (1.2% over): a's 5.3 s map (0.06). The
+  // model's error (the sum, normalized) gains only 1.4x, the layer 2.3x:
+  // taken, within the noise.
+  std::vector<Layer> layers(2);
+  fill(layers[0], "a", {3.0, 2.5, 2.0, 1.5, 1.0});
+  layers[0].add(map_op(0, 2, 0.14), 4.2);
+  layers[0].add(map_op(0, 4, 0.06), 5.3);
+  fill(layers[1], "b", {1.0, 0.5, 0.3, 0.2, 0.1});
+  layers[1].add(map_op(0, 2, 0.05), 4.2);
+  auto in = inputs(layers);
+  cd::ModelChoiceOptions mo;
+  mo.error = asap::ModelErrorKind::kSum;
+  mo.noise = 0.02;
+  mo.guard = 0;
+  const auto mc = cd::choose_for_model(in, speedup(1.28), mo);  // budget 9.375 s; 9.5 s is 1.3% over
+  CHECK(chosen(layers, mc, 0).name == map_op(0, 4, 0).name);
+  CHECK(mc.record.within_noise);
 }
 
 TEST_CASE("model budget: max-error gives the fastest assignment within the error; none fits -> per layer, said") {
