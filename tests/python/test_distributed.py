@@ -251,12 +251,16 @@ def record_differences(a, b, path=""):
     summed in float32 over each rank's share, drifts over dozens of L-BFGS
     iterations: by a few 1e-7 on the alpha maps, by 9.9e-4 relative at
     iteration 55 on the 3-pass alpha+cstats map this table makes compile
-    choose, 2026-12-01)."""
+    choose, 2026-12-01). The refit's line-search steps are not compared: a
+    step is the outcome of a sufficient-decrease test, which that drift can
+    flip (0.25 against 1.0 at iteration 48, then 0.5 against 1.0 and back, on
+    an AMD EPYC family 25, 2026-12-02, every objective still within 3e-3)."""
     import re
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             return ["%s: keys %s" % (path, sorted(a.keys() ^ b.keys()))]
-        return [d for k in a if k not in TIMING and k not in ("examples_per_rank", "cached_mb")
+        skip = {"examples_per_rank", "cached_mb"} | ({"step"} if "/attention_fit/history" in path else set())
+        return [d for k in a if k not in TIMING and k not in skip
                 for d in record_differences(a[k], b[k], path + "/" + k)]
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
