@@ -296,7 +296,63 @@ void check_col_stats_shifted(const asap::fast::detail::KernelTable<T>& K, double
       CHECK(sums[ld] == T(-7));
     }
 }
+
+// line_stats: one column's statistics from a contiguous line (the rows of
+// S' past the transposed tile's last whole vector of lanes), with and
+// without the shift, against float64 loops; counts below, at and past the
+// vector widths (whole vectors, a scalar rest, no vector at all).
+template <class T>
+void check_line_stats(const asap::fast::detail::KernelTable<T>& K, double tol) {
+  for (int64_t count : {1, 2, 3, 7, 8, 9, 15, 16, 17, 18, 33, 40, 64, 70}) {
+    CAPTURE(count);
+    std::vector<T> x(count), shift(count);
+    for (int64_t i = 0; i < count; ++i) {
+      shift[i] = static_cast<T>(std::cos(0.7 * i) * 5 + i);
+      x[i] = static_cast<T>(2.0 * i - 20 + std::sin(0.37 * (i * 131 + 17)) * (1 + i % 5));
+    }
+    double m = -1e300, raw = 0, mz = -1e300, sz = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double z = static_cast<double>(x[i]) - static_cast<double>(shift[i]);
+      m = std::max(m, static_cast<double>(x[i])), raw += x[i], mz = std::max(mz, z), sz += z;
+    }
+    const double mu = raw / count, muz = sz / count;
+    double sq = 0, sqz = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double z = static_cast<double>(x[i]) - static_cast<double>(shift[i]);
+      sq += (x[i] - mu) * (x[i] - mu), sqz += (z - muz) * (z - muz);
+    }
+    const double sdv = std::sqrt(sq / count), varz = sqz / count;
+    const T w[3] = {T(0.75), T(0.5), T(-2.0)}, wc[2] = {T(0.5), T(-1.25)};
+    for (bool shifted : {false, true}) {
+      CAPTURE(shifted);
+      T mx = T(-7), mean = T(-7), sd = T(-7), mxc = T(-7), var = T(-7), y = T(-7);
+      K.line_stats(count, x.data(), shifted ? shift.data() : nullptr, &mx, &mean, &sd, shifted ? &mxc : nullptr,
+                   shifted ? &var : nullptr, w, shifted ? wc : nullptr, &y);
+      CHECK(mx == static_cast<T>(m));
+      CHECK(mean == doctest::Approx(mu).epsilon(tol).scale(20));
+      CHECK(sd == doctest::Approx(sdv).epsilon(tol).scale(20));
+      double ye = 0.75 * m + 0.5 * mu - 2.0 * sdv;
+      if (shifted) {
+        CHECK(mxc == doctest::Approx(mz).epsilon(tol).scale(20));
+        CHECK(var == doctest::Approx(varz).epsilon(tol).scale(400));
+        ye += 0.5 * mz - 1.25 * varz;
+      } else {
+        CHECK(mxc == T(-7));  // not written without a shift
+        CHECK(var == T(-7));
+      }
+      CHECK(y == doctest::Approx(ye).epsilon(tol).scale(1000));
+    }
+  }
+}
 }  // namespace
+
+TEST_CASE("fast: line_stats is col_stats of one contiguous column on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    check_line_stats(kernels_of(isa).f64, 1e-12);
+    check_line_stats(kernels_of(isa).f32, 2e-5);
+  }
+}
 
 TEST_CASE("fast: col_stats with a shift and col_sums against float64 loops on every instruction set") {
   // The centered_stats columns: each row of the transposed tile less its

@@ -153,7 +153,7 @@ asap::CompiledLayer make_layer(int64_t H, int64_t d, int64_t slices, bool softma
 
 struct Op {
   std::string name;  // family: softmax, esp, teacher_fast, teacher_ref, sinkhorn, asap, asap_st, asap_cst, asap_sm,
-                     // asap_s3, asap_ref
+                     // asap_s3, asap_s3c, asap_ref
   int param = 0;     // T or k (0 = none)
   std::function<void(const Inputs&)> run;
   std::string label() const { return param ? name + "_" + std::to_string(param) : name; }
@@ -188,8 +188,8 @@ double bound_s(const Op& op, int64_t n, int64_t BH, int64_t d, int64_t slices, c
   if (op.name == "teacher_fast" || op.name == "sinkhorn") {
     exps = op.param * n2;
   } else if (op.name == "asap" || op.name == "asap_st" || op.name == "asap_cst" || op.name == "asap_sm" ||
-             op.name == "asap_s3") {
-    const int feature_passes = op.name == "asap_s3" ? 3 : op.name == "asap_sm" ? 1 : 0;
+             op.name == "asap_s3" || op.name == "asap_s3c") {
+    const int feature_passes = op.name == "asap_s3" || op.name == "asap_s3c" ? 3 : op.name == "asap_sm" ? 1 : 0;
     flops += 4.0 * static_cast<double>(n) * static_cast<double>(d) * static_cast<double>(slices);
     exps = (op.param + feature_passes) * n2;
   } else {
@@ -248,6 +248,8 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
       std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, false, s.seed, false, true, true));
   // The family compile picks on the bundled teachers (default k = 1).
   auto layer_s3 = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed, true));
+  // ... with the column-centered statistics (the one compile picks on the bundled ViT's layer 0).
+  auto layer_s3c = std::make_shared<asap::CompiledLayer>(make_layer(H, s.d, s.slices, true, s.seed, true, true, true));
   auto eye = at::eye(s.d, at::kDouble);
   asap::Convention c;
   std::vector<Op> ops;
@@ -293,6 +295,9 @@ std::vector<Op> make_ops(const Settings& s, int64_t n, int64_t H) {
                    }});
     ops.push_back({"asap_s3", k, [ro, layer_s3](const Inputs& in) {
                      sink(asap::fast::asap_layer(*layer_s3, in.q, in.k, in.v, in.mask, ro).out);
+                   }});
+    ops.push_back({"asap_s3c", k, [ro, layer_s3c](const Inputs& in) {
+                     sink(asap::fast::asap_layer(*layer_s3c, in.q, in.k, in.v, in.mask, ro).out);
                    }});
     ops.push_back({"layer_s3", k, [ro, layer_s3](const Inputs& in) {
                      sink(asap::run_layer(*layer_s3, in.q, in.k, in.v, in.mask, ro).out);

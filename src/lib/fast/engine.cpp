@@ -671,10 +671,17 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
     const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
     const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, W), nb = (nR_ + bw - 1) / bw;
     const T* ST = ST_.data();
+    // A tail of one or two rows past the block's last whole vector of lanes
+    // as lines of S' (line_stats), as the row passes take them (col_line).
+    const auto line = [this](int64_t i) { return static_cast<const T*>(S_.data() + i * ldS_); };
     pfor(nb, [&](int64_t b, int) {
       const int64_t c0 = b * bw, c1 = std::min(nR_, c0 + bw);
-      kt_.col_stats(nJ_, c1 - c0, ST + c0, ldST_, shift, mx + c0, mean + c0, sd + c0, shift ? mxc + c0 : nullptr,
+      const int64_t cm = c1 - line_columns(c0, c1, line);
+      kt_.col_stats(nJ_, cm - c0, ST + c0, ldST_, shift, mx + c0, mean + c0, sd + c0, shift ? mxc + c0 : nullptr,
                     shift ? vc + c0 : nullptr, w, wc, y ? y + c0 : nullptr);
+      for (int64_t i = cm; i < c1; ++i)
+        kt_.line_stats(nJ_, line(i), shift, mx + i, mean + i, sd + i, shift ? mxc + i : nullptr,
+                       shift ? vc + i : nullptr, w, wc, y ? y + i : nullptr);
     });
     return;
   }
@@ -769,6 +776,15 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
 template <class T>
 void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult,
                          T* f, T* g, const HeadOut<T>& out, T* phi, T* psi) {
+  if (fs.L == 0 && !fs.softmax && !fs.sinkhorn3 && !fs.stats && !psi) {
+    // alpha alone (beta[0] its one coefficient): the general path's tail
+    // below, the same bits, without its bookkeeping (about 1% of a 3-pass
+    // call at n = 17, d = 16, one thread; docs/performance.md).
+    kt_.map_tail(nR_, alpha, nullptr, nullptr, nullptr, static_cast<T>(beta[0]), T(0), T(0), static_cast<T>(1.0 / eps),
+                 reinterpret_cast<T*>(phi_acc_.get(nR_)), phi, f);
+    closures(k, log_mult, f, g, out);
+    return;
+  }
   // Slices: accumulated (beta_l col_l and beta_l mean_l) or, when the columns
   // are asked for, centered into psi and then summed from there.
   double* acc = phi_acc_.get(nR_);

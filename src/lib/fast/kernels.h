@@ -133,6 +133,10 @@ struct KernelTable {
   // centered_stats columns.
   void (*col_stats)(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc,
                     T* var, const T* w, const T* wc, T* y);
+  // col_stats of one column given as a contiguous line x [count >= 1]
+  // (shift [count] as col_stats' shift), each output a single element.
+  void (*line_stats)(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
+                     const T* wc, T* y);
   // out[c] += sum_r M[r, c] for the columns of M [rows x nc] (ld), in whole
   // vectors: out and M's rows must hold roundup(nc, width).
   void (*col_sums)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out);

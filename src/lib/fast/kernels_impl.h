@@ -1496,6 +1496,70 @@ void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift,
   }
 }
 
+// col_stats of one column given as a contiguous line x [count] (a row of
+// S' where the engine has the transposed tile: the one or two rows past its
+// last whole vector of lanes, which col_stats would take as a vector of
+// mostly idle lanes; at n = 17 that vector was half of the kernel). The same
+// statistics, from sums shifted by x[0] (and x[0] - shift[0]), by vectors
+// along the line with horizontal reductions at the end, the rest scalar.
+template <class T, bool kShift>
+void line_stats_t(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
+                  const T* wc, T* y) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  const T x0 = x[0], z0 = kShift ? x[0] - shift[0] : T(0);
+  const V vx0 = splat<V>(x0), vz0 = splat<V>(z0);
+  V m = splat<V>(neg_inf<T>()), s1 = V{}, s2 = V{}, mz = m, t1 = V{}, t2 = V{};
+  int64_t i = 0;
+  for (; i + W <= count; i += W) {
+    const V v = load<V>(x + i);
+    m = vmax(m, v);
+    const V dx = v - vx0;
+    s1 += dx;
+    s2 += dx * dx;
+    if constexpr (kShift) {
+      const V z = v - load<V>(shift + i);
+      mz = vmax(mz, z);
+      const V dz = z - vz0;
+      t1 += dz;
+      t2 += dz * dz;
+    }
+  }
+  T ms = hmax<T>(m), a1 = hsum<T>(s1), a2 = hsum<T>(s2), mzs = kShift ? hmax<T>(mz) : T(0);
+  T b1 = kShift ? hsum<T>(t1) : T(0), b2 = kShift ? hsum<T>(t2) : T(0);
+  for (; i < count; ++i) {
+    const T v = x[i], dx = v - x0;
+    ms = smax(ms, v);
+    a1 += dx;
+    a2 += dx * dx;
+    if constexpr (kShift) {
+      const T z = v - shift[i], dz = z - z0;
+      mzs = smax(mzs, z);
+      b1 += dz;
+      b2 += dz * dz;
+    }
+  }
+  const T inv = T(1) / static_cast<T>(count);
+  const T d1 = a1 * inv, u = x0 + d1, sv = std::sqrt(smax(a2 * inv - d1 * d1, T(0)));
+  *mx = ms, *mean = u, *sd = sv;
+  T yv = y ? w[0] * ms + w[1] * u + w[2] * sv : T(0);
+  if constexpr (kShift) {
+    const T e1 = b1 * inv, v = smax(b2 * inv - e1 * e1, T(0));
+    *mxc = mzs, *var = v;
+    if (y) yv = yv + wc[0] * mzs + wc[1] * v;
+  }
+  if (y) *y = yv;
+}
+
+template <class T>
+void line_stats(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
+                const T* wc, T* y) {
+  if (shift)
+    line_stats_t<T, true>(count, x, shift, mx, mean, sd, mxc, var, w, wc, y);
+  else
+    line_stats_t<T, false>(count, x, nullptr, mx, mean, sd, nullptr, nullptr, w, wc, y);
+}
+
 template <class T>
 void col_sums(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out) {
   using V = typename Vec<T>::V;
@@ -1582,6 +1646,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 &row_sqnorm<T>,
                                 &map_tail<T>,
                                 &col_stats<T>,
+                                &line_stats<T>,
                                 &col_sums<T>,
                                 &all_finite<T>,
                                 &peak_fma<T>};
