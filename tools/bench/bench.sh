@@ -111,7 +111,7 @@ if [ "${1:-}" = "--overhead" ]; then
   OPS=teacher_fast_6,sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_5,sinkhorn_6
   OPS=$OPS,asap_1,asap_3,asap_st_1,asap_st_3,asap_cst_1,asap_cst_3
   OPS=$OPS,asap_sm_1,asap_sm_3
-  OPS=$OPS,asap_s3_1,asap_s3_3
+  OPS=$OPS,asap_s3_1,asap_s3_3,asap_s3c_1,asap_s3c_3
   i=0
   for policy in $POLICIES; do
     for d in $DS; do
