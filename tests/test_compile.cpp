@@ -206,9 +206,21 @@ int exhaustive_choice(const std::vector<OperatorCandidate>& c, const asap::compi
         best = i;
     return best;
   };
+  // Maps first: the most accurate map, unless the most accurate operator is
+  // plain Sinkhorn or the teacher at most half as far (errors floored at 0.03).
+  auto first = [&](auto keep) {
+    const int any = best_of(keep);
+    if (!o.maps_first || any < 0 || c[static_cast<size_t>(any)].op.kind == asap::OperatorKind::kAsap) return any;
+    const int map =
+        best_of([&](int j) { return keep(j) && c[static_cast<size_t>(j)].op.kind == asap::OperatorKind::kAsap; });
+    if (map < 0) return any;
+    return 2 * std::max(0.03, c[static_cast<size_t>(any)].error) <= std::max(0.03, c[static_cast<size_t>(map)].error)
+               ? any
+               : map;
+  };
   if (o.objective == asap::Objective::kMinSpeedup) {
-    int i = best_of([&](int j) { return latency(j) <= t0 / o.min_speedup; });
-    if (i < 0) i = best_of([&](int j) { return latency(j) < t0; });
+    int i = first([&](int j) { return latency(j) <= t0 / o.min_speedup; });
+    if (i < 0) i = first([&](int j) { return latency(j) < t0; });
     if (i < 0) i = best_of([](int) { return true; });
     // --guard: over `guard` times plain softmax's error, the fastest within it.
     double softmax = 1;
@@ -262,7 +274,7 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
   SUBCASE("random tables: maps at 0.3x to 1.5x the loop of their passes, every objective") {
     std::mt19937_64 rng(28);
     std::uniform_real_distribution<double> u(0, 1);
-    int asap_wins = 0, cases = 0, refused = 0, guarded = 0;
+    int asap_wins = 0, cases = 0, refused = 0, guarded = 0, passed_over = 0, zero_closer = 0;
     for (int trial = 0; trial < 300; ++trial) {
       std::vector<OperatorCandidate> c{loop_op(K::kTeacher, 6, 0)};
       MapLatency lat;
@@ -281,11 +293,13 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
       if (trial % 3 == 0)  // --no-zero-parameter: only the maps are selectable
         for (auto& x : c) x.selectable = x.op.kind == K::kAsap;
       const bool parametric = trial % 3 == 0;
+      const bool maps_first = trial % 3 == 1;  // --zero-parameter fallback (trial % 3 == 2: compete)
       for (int obj = 0; obj < 4; ++obj) {
         CAPTURE(trial);
         CAPTURE(obj);
         asap::compile_detail::ChoiceOptions oo;
         oo.parametric_only = parametric;
+        oo.maps_first = maps_first;
         if (obj < 3) {
           oo.min_speedup = std::vector<double>{1.05, 1.25, 2.0}[static_cast<size_t>(obj)];
           if (trial % 2 == 1) oo.guard = 0.1 + 0.5 * u(rng);  // --budget layer's --guard
@@ -305,6 +319,19 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
             CHECK(cc[static_cast<size_t>(ch.unguarded)].error > oo.guard * cc[1].error);
             CHECK(ch.decision.find("within the guard") != std::string::npos);
           }
+          if (ch.passed_over >= 0 && ch.unguarded < 0) {  // maps first stored a map over a closer loop
+            ++passed_over;
+            REQUIRE(maps_first);
+            CHECK(cc[static_cast<size_t>(ch.index)].op.kind == K::kAsap);
+            CHECK(cc[static_cast<size_t>(ch.passed_over)].op.kind != K::kAsap);
+            CHECK(cc[static_cast<size_t>(ch.passed_over)].error < cc[static_cast<size_t>(ch.index)].error);
+            CHECK(ch.decision.find("ASAP maps first: " + cc[static_cast<size_t>(ch.passed_over)].name) !=
+                  std::string::npos);
+          }
+          if (maps_first && oo.objective == asap::Objective::kMinSpeedup && ch.unguarded < 0 && ch.target_met &&
+              cc[static_cast<size_t>(ch.index)].op.kind == K::kSinkhorn &&
+              ch.decision.find("at least twice as close as every ASAP map") != std::string::npos)
+            ++zero_closer;
         } catch (const asap::Error&) {
           got = -1;  // --no-zero-parameter and no map meets the bar: refused
         }
@@ -325,8 +352,10 @@ TEST_CASE("compile: the choice equals the exhaustive one when ASAP maps cost les
     }
     CHECK(cases > 800);  // every non-parametric case and some parametric ones
     CHECK(refused > 0);
-    CHECK(asap_wins > 200);  // the maps win often enough for the comparison to mean something
-    CHECK(guarded > 50);     // and the guard fires often enough
+    CHECK(asap_wins > 200);   // the maps win often enough for the comparison to mean something
+    CHECK(guarded > 50);      // and the guard fires often enough
+    CHECK(passed_over > 10);  // maps first passes over a more accurate loop
+    CHECK(zero_closer > 5);   // and takes one twice as close
   }
 }
 
@@ -586,7 +615,7 @@ TEST_CASE("compile: families without slices are candidates, --no-zero-parameter 
   auto lat = std::make_shared<RuleLatency>();
   lat->asap_extra = 4.5;  // the 1-pass alpha map runs in 5.5 s: faster than the teacher's 6 s, not 1.25x
   o.latency = lat;
-  o.zero_parameter_operators = false;
+  o.zero_parameter = asap::ZeroParameter::kNever;
   auto r = asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o);
   const auto& L = r.artifact.layers[0];
   CHECK(L.kind == asap::OperatorKind::kAsap);
@@ -616,7 +645,7 @@ TEST_CASE("compile: a latency table from a file drives the choice, a missing key
   o.candidates = {{"alpha", false}};
   o.layers = {"transformer.layers.0.0.fn"};
   o.selection_examples = 6;
-  o.zero_parameter_operators = false;  // the alpha maps must be timed
+  o.zero_parameter = asap::ZeroParameter::kNever;  // the alpha maps must be timed
   o.latency = asap::latency_table_from_file(dir / "lat.json");
   CHECK_THROWS_WITH_AS(asap::compile_teacher(vit_checkpoint(), dir / "spec.json", dir / "calib.h5", o),
                        doctest::Contains("has no latency for operator 'asap-alpha-k"), asap::Error);

@@ -108,6 +108,8 @@ asap::LayerRecord full_record(const std::string& fit) {
   m.noise_measured = 0.0125;
   m.within_noise = true;
   m.target_met = true;
+  m.zero_parameter = "fallback";
+  m.maps_first = "maps";
   r.model = m;
   if (fit == "kl") {
     asap::KlRefitRecord kl;
@@ -244,6 +246,8 @@ TEST_CASE("compile record: the summary and its distributed record round-trip, nu
   s.model_budget = full_record("ls").model;
   json j = s;
   CHECK(j["model_budget"]["speedup"].get<double>() == doctest::Approx(8.875 / 6.75));
+  CHECK(j["model_budget"]["maps_first"] == "maps");
+  CHECK(j["model_budget"]["zero_parameter"] == "fallback");
   CHECK(json(j.get<asap::CompileSummary>()).dump() == j.dump());
   CHECK(j["distributed"].dump() == R"({"calibration_bytes_read":4096,"world_size":1})");  // an integer in one process
   s.distributed.world_size = 2;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -301,6 +302,92 @@ TEST_CASE("model budget: the default sums the layers' errors; the guard still bo
   CHECK(within_guard >= 20);
   CHECK(over_guard >= 20);
   CHECK(sum_over_guard >= 10);
+}
+
+TEST_CASE("model budget: maps first -- the best assignment of maps, unless the loops are twice as close (random)") {
+  // --zero-parameter fallback: the least summed error over assignments of
+  // ASAP maps alone within the budget; the least over every assignment
+  // (plain Sinkhorn and the teachers too) only when no assignment of maps
+  // fits, or when its summed error, each layer's floored at 0.03, is at
+  // most half the maps'. Each case's decision lines say which.
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> u(0, 1);
+  int maps_won = 0, passed_over = 0, no_maps = 0, closer = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n_layers = 1 + static_cast<int>(rng() % 3);
+    std::vector<Layer> layers = random_layers(rng, n_layers, trial % 4 == 0 ? 0 : 1, false);
+    const double s = 1.05 + 0.6 * u(rng), budget = 6.0 * n_layers / s;
+    struct Best {
+      double sum = std::numeric_limits<double>::infinity(), floored = 0, lat = 0;
+      std::vector<size_t> pick;
+    } every, maps;
+    std::vector<size_t> pick(layers.size());
+    std::function<void(size_t, double, double, double, bool)> go = [&](size_t l, double lat, double sum, double floored,
+                                                                       bool all_maps) {
+      if (l == layers.size()) {
+        if (lat > budget * (1 + 1e-12)) return;
+        for (Best* b : {&every, &maps}) {
+          if (b == &maps && !all_maps) continue;
+          if (sum < b->sum * (1 - 1e-12) || (sum <= b->sum * (1 + 1e-12) && lat < b->lat))
+            *b = Best{sum, floored, lat, pick};
+        }
+        return;
+      }
+      const auto& c = layers[l].cands;
+      for (size_t i = 0; i < c.size(); ++i) {
+        pick[l] = i;
+        go(l + 1, lat + layers[l].lat.seconds.at(c[i].op.key()), sum + c[i].error / c[1].error,
+           floored + std::max(0.03, c[i].error) / c[1].error, all_maps && c[i].op.kind == OperatorKind::kAsap);
+      }
+    };
+    go(0, 0, 0, 0, true);
+    if (std::isinf(every.sum)) continue;  // nothing fits: the per-layer fallback, tested elsewhere
+    const bool take_maps = std::isfinite(maps.sum) && !(2 * every.floored <= maps.floored * (1 + 1e-12));
+    const Best& want = take_maps ? maps : every;
+    CAPTURE(trial);
+    auto in = inputs(layers);
+    auto mo = strict();
+    mo.error = asap::ModelErrorKind::kSum;
+    auto o = speedup(s);
+    o.maps_first = true;
+    const auto mc = cd::choose_for_model(in, o, mo);
+    REQUIRE_FALSE(mc.per_layer_fallback);
+    CHECK(mc.record.model_error == doctest::Approx(want.sum).epsilon(1e-12));
+    CHECK(mc.record.total_s == doctest::Approx(want.lat).epsilon(1e-12));
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const auto& c = layers[l].cands;
+      const bool zero = chosen(layers, mc, l).op.kind != OperatorKind::kAsap;
+      const std::string& d = mc.layers[l].decision;
+      CAPTURE(d);
+      if (take_maps) {
+        CHECK_FALSE(zero);
+        const bool over = c[every.pick[l]].op.kind != OperatorKind::kAsap;
+        CHECK((d.find("ASAP maps first: with plain Sinkhorn and the teacher the budget would store") !=
+               std::string::npos) == over);
+        passed_over += over;
+      } else if (zero) {
+        CHECK(d.find(std::isfinite(maps.sum) ? "at least twice as close" : "ASAP maps alone") != std::string::npos);
+      }
+    }
+    if (take_maps)
+      ++maps_won;
+    else if (std::isfinite(maps.sum))
+      ++closer;
+    else
+      ++no_maps;
+    const char* outcome = take_maps ? "maps" : std::isfinite(maps.sum) ? "loops-twice-as-close" : "no-maps-fit";
+    CHECK(mc.record.zero_parameter == std::optional<std::string>("fallback"));
+    CHECK(mc.record.maps_first == std::optional<std::string>(outcome));
+    // --zero-parameter compete: the least over every assignment.
+    const auto compete = cd::choose_for_model(in, speedup(s), mo);
+    CHECK(compete.record.model_error == doctest::Approx(every.sum).epsilon(1e-12));
+    CHECK(compete.record.zero_parameter == std::optional<std::string>("compete"));
+    CHECK_FALSE(compete.record.maps_first);
+  }
+  CHECK(maps_won >= 40);
+  CHECK(passed_over >= 15);
+  CHECK(no_maps >= 5);
+  CHECK(closer >= 5);
 }
 
 TEST_CASE("model budget: a layer whose error dominates keeps its choice when the others' weights change") {

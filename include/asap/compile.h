@@ -112,6 +112,17 @@ const char* model_error_name(ModelErrorKind k);                     // "auto", "
 ModelErrorKind parse_model_error(const std::string& name);          // one sentence naming --model-error when unknown
 ModelErrorKind resolve_model_error(ModelErrorKind k, Objective o);  // auto made max or sum
 
+// Where plain Sinkhorn (T' < T) and the teacher stand in the speed budget's
+// choice (--zero-parameter): only when no ASAP map (or assignment of maps,
+// under --budget model) meets the budget, or when they bring the model (a
+// layer, under --budget layer) at least twice as close to the teachers as
+// the best maps do (fallback, the default); as equals of the maps (compete);
+// never (never: --no-zero-parameter). Under --objective max-error they
+// always compete (docs/decisions.md, "ASAP maps first").
+enum class ZeroParameter { kFallback, kCompete, kNever };
+const char* zero_parameter_name(ZeroParameter z);             // "fallback", "compete", "never"
+ZeroParameter parse_zero_parameter(const std::string& name);  // one sentence naming --zero-parameter when unknown
+
 // The largest slice bank compile accepts.
 constexpr int64_t kMaxSliceBank = 4096;
 
@@ -144,7 +155,7 @@ struct CompileOptions {
   double guard = 0.25;                                 // --guard: bound on the budget's model error (0: off)
   int64_t deploy_batch = 16;                           // examples per call at which latency is measured
   std::shared_ptr<LatencyModel> latency;               // null: measure the fused operators here
-  bool zero_parameter_operators = true;                // Sinkhorn T' < T and the teacher are candidates
+  ZeroParameter zero_parameter{};                      // --zero-parameter (kFallback): Sinkhorn T' < T, teacher
   std::vector<double> ridge_grid;                      // empty = default_ridge_grid()
   double ridge = -1;                                   // >= 0: fixed LS ridge (no selection)
   int closures = 0;                                    // > 0: fixed default number of closures

@@ -198,6 +198,11 @@ struct ModelBudgetRecord {
   // Present when the guard replaced the budget's choice: that choice's model
   // error and speed-up.
   std::optional<double> unguarded_error, unguarded_speedup;
+  // Under a speed budget: --zero-parameter ("fallback", "compete", "never");
+  // under fallback with --budget model, which assignment was stored:
+  // "maps" (the best of the ASAP maps alone), "no-maps-fit" (no assignment
+  // of maps met the budget) or "loops-twice-as-close".
+  std::optional<std::string> zero_parameter, maps_first;
 };
 
 // One layer's record: the compile summary's entry and the artifact's fit record.

@@ -30,6 +30,7 @@ struct CompileArgs {
   std::string objective = "min-speedup", latency_table;
   std::string fit = "attention", targets = "both";     // parsed into opt.fit / opt.targets
   std::string budget = "model", model_error = "auto";  // parsed into opt.budget / opt.model_error
+  std::string zero_parameter = "fallback";             // parsed into opt.zero_parameter
   double min_speedup = 1.25, max_error = -1;
   bool min_speedup_given = false, max_error_given = false;
   int threads = 0;
@@ -248,9 +249,16 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   c->add_option("--latency-table", a->latency_table,
                 "take latencies from this JSON file ({layer or \"*\": {operator key: seconds}}) instead of measuring");
+  CLI::Option* zero =
+      c->add_option("--zero-parameter", a->zero_parameter,
+                    "plain Sinkhorn (T' < T) and the teacher under a speed budget: fallback (only when no ASAP maps "
+                    "meet it, or when they bring the model at least twice as close to the teachers), compete (as "
+                    "equals of the maps) or never")
+          ->capture_default_str();
   c->add_flag(
-      "--no-zero-parameter", [&o](int64_t) { o.zero_parameter_operators = false; },
-      "never store plain Sinkhorn or the teacher: ASAP maps only");
+       "--no-zero-parameter", [a](int64_t) { a->zero_parameter = "never"; },
+       "never store plain Sinkhorn or the teacher: ASAP maps only (--zero-parameter never)")
+      ->excludes(zero);
   c->add_option("--selection-examples", o.selection_examples,
                 "held-out examples that run the closures when choosing features and k (0 = all)")
       ->capture_default_str();
@@ -307,6 +315,7 @@ void add_compile(CLI::App& app, std::function<int()>& run) {
       a->opt.targets = asap::parse_targets(a->targets);
       a->opt.budget = asap::parse_budget(a->budget);
       a->opt.model_error = asap::parse_model_error(a->model_error);
+      a->opt.zero_parameter = asap::parse_zero_parameter(a->zero_parameter);
       a->opt.candidates = candidates_of(a->features, a->heads);
       const std::vector<std::string> calib = expand_files(a->calib, "--calib");
       // One process, or one rank of a group (docs/distributed.md): every

@@ -180,6 +180,22 @@ def stats_families_are_default_candidates_and_refused_without_alpha():
 
 
 @test
+def zero_parameter_takes_three_rules_and_refuses_others():
+    """--zero-parameter fallback|compete|never (docs/decisions.md, "ASAP maps
+    first"): an unknown rule, or --no-zero-parameter with it, is refused in
+    one sentence, and nothing is written."""
+    out = os.path.join(TMP, "zp.asap.h5")
+    for extra, words in ((["--zero-parameter", "sometimes"], ["--zero-parameter", "'sometimes'", "fallback"]),
+                         (["--zero-parameter", "compete", "--no-zero-parameter"],
+                          ["--zero-parameter", "--no-zero-parameter"])):
+        p = subprocess.run([ASAPC, "compile", NAME + ".pt", "-o", out, *BASE, *extra], capture_output=True, text=True)
+        assert p.returncode == 2, (extra, p.returncode, p.stderr)
+        assert all(w in p.stderr for w in words), (extra, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert not os.path.exists(out), extra
+
+
+@test
 def ridge_grid_is_the_set_chosen_from():
     s = compile_json(os.path.join(TMP, "r.asap.h5"), "--ridge-grid", "0.5,2")
     for layer in s["layers"]:

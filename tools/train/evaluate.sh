@@ -34,8 +34,10 @@ TRAIN=0 FORCE=0 QUICK=0 CURVE=1 THREADS=2 ONLY=""
 # without the default attention refit),
 # a "+layer" suffix --budget layer (each layer on its own, the rule before the
 # model budget), a "+nozero" suffix --no-zero-parameter (ASAP maps only: no
-# plain Sinkhorn, no teacher on any layer)
-CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+ls 1.1 1.2 1.25+layer 1.25+nozero 1.25+ls 1.33 1.5 2"}
+# plain Sinkhorn, no teacher on any layer), a "+compete" suffix
+# --zero-parameter compete (plain Sinkhorn and the teacher as equals of the
+# maps: the default rule until 2026-12-02)
+CURVE_TARGETS=${CURVE_TARGETS:-"fidelity fidelity+ls 1.1 1.2 1.25+layer 1.25+nozero 1.25+compete 1.25+ls 1.33 1.5 2"}
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) TRAIN=1 ;;
@@ -123,12 +125,14 @@ for entry in $TEACHERS; do
       goal=${target%+ls} how=()
       goal=${goal%+layer}
       goal=${goal%+nozero}
+      goal=${goal%+compete}
       # the budget's own choice at each target: --guard 0 (the default's
       # fidelity guard would replace a choice far from the teacher)
       if [ "$goal" = fidelity ]; then how=(--objective fidelity); else how=(--min-speedup "$goal" --guard 0); fi
       case "$target" in *+ls) how+=(--fit ls) ;; esac
       case "$target" in *+layer) how+=(--budget layer) ;; esac
       case "$target" in *+nozero) how+=(--no-zero-parameter) ;; esac
+      case "$target" in *+compete) how+=(--zero-parameter compete) ;; esac
       if stale "$art" "${files[@]}" "$ASAPC"; then
         echo "== $name: curve: compiling ${how[*]} -> $art"
         "$ASAPC" compile "$base.pt" --spec "$base.spec.json" --calib "$base.calib.h5" -o "$art" \

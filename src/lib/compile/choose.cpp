@@ -169,6 +169,11 @@ std::string decision_sentence(const std::vector<OperatorCandidate>& c, const Cho
   if (w.op.kind == OperatorKind::kAsap && sk >= 0 && sk != 0)
     d += "; the best Sinkhorn no slower, " + c[static_cast<size_t>(sk)].name + ", has " +
          fmt(c[static_cast<size_t>(sk)].error);
+  if (ch.passed_over >= 0 && ch.unguarded < 0) {
+    const auto& z = c[static_cast<size_t>(ch.passed_over)];
+    d += "; ASAP maps first: " + z.name + " (" + fmt(z.error) + ", " + times(t0 / z.latency) +
+         ") is not twice as close, so the map is stored";
+  }
   if (o.objective == Objective::kMinSpeedup && ch.unguarded >= 0) {
     const auto& u = c[static_cast<size_t>(ch.unguarded)];
     d += " -- the " + need + " budget's best choice, " + u.name + " (" + times(t0 / u.latency) +
@@ -185,8 +190,9 @@ std::string decision_sentence(const std::vector<OperatorCandidate>& c, const Cho
         if (x.op.kind == OperatorKind::kAsap && x.latency > 0 && x.latency <= t0 / o.min_speedup)
           best_asap = std::min(best_asap, x.error);
       d += std::isfinite(best_asap)
-               ? " -- plain Sinkhorn beats every ASAP map at " + need + " (best ASAP error there: " + fmt(best_asap) +
-                     ")"
+               ? (o.maps_first ? " -- plain Sinkhorn is at least twice as close as every ASAP map at "
+                               : " -- plain Sinkhorn beats every ASAP map at ") +
+                     need + " (best ASAP error there: " + fmt(best_asap) + ")"
                : " -- no ASAP map runs at " + need + " the teacher's speed on this machine and shape";
     } else if (w.op.kind == OperatorKind::kTeacher) {
       d += " -- nothing else is fast enough";
@@ -226,13 +232,13 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
   auto within = [](double latency, double target) { return latency > 0 && latency <= target * (1 + kTieRel); };
   // The first candidate in `order` that fits the target, timing untimed
   // ones in chunks (in order) as the scan reaches them.
-  auto most_accurate_within = [&](double target) -> int {
-    for (size_t pos = 0; pos < order.size(); ++pos) {
-      const int i = order[pos];
+  auto first_within = [&](const std::vector<int>& seq, double target) -> int {
+    for (size_t pos = 0; pos < seq.size(); ++pos) {
+      const int i = seq[pos];
       if (c[static_cast<size_t>(i)].latency < 0) {
         std::vector<int> chunk{i};
-        for (size_t q = pos + 1; q < order.size() && static_cast<int>(chunk.size()) < o.chunk; ++q)
-          if (c[static_cast<size_t>(order[q])].latency < 0) chunk.push_back(order[q]);
+        for (size_t q = pos + 1; q < seq.size() && static_cast<int>(chunk.size()) < o.chunk; ++q)
+          if (c[static_cast<size_t>(seq[q])].latency < 0) chunk.push_back(seq[q]);
         timer.time(chunk);
       }
       auto& x = c[static_cast<size_t>(i)];
@@ -244,6 +250,23 @@ Choice choose_operator(std::vector<OperatorCandidate>& c, const LayerSpec& s, co
       return i;
     }
     return -1;
+  };
+  // Maps first: the most accurate map within the target, unless the most
+  // accurate operator within it is a zero-parameter one kZeroParameterGain
+  // times closer (that one is then remembered in passed_over when the map wins).
+  std::vector<int> maps;
+  for (int i : order)
+    if (c[static_cast<size_t>(i)].op.kind == OperatorKind::kAsap) maps.push_back(i);
+  auto most_accurate_within = [&](double target) -> int {
+    const int any = first_within(order, target);
+    if (!o.maps_first || any < 0 || c[static_cast<size_t>(any)].op.kind == OperatorKind::kAsap) return any;
+    const int map = first_within(maps, target);
+    if (map < 0) return any;
+    const double ea = std::max(kNoiseErrorFloor, c[static_cast<size_t>(any)].error);
+    const double em = std::max(kNoiseErrorFloor, c[static_cast<size_t>(map)].error);
+    if (ea * kZeroParameterGain <= em) return any;
+    ch.passed_over = any;
+    return map;
   };
   const std::string no_zero = "--no-zero-parameter rules out plain Sinkhorn and the teacher";
   ASAP_CHECK(!order.empty() || o.objective == Objective::kFidelity, "layer '", s.name,

@@ -35,6 +35,13 @@ struct ChoiceOptions {
   // objective's bar, the choice throws one sentence naming the bar instead
   // of storing a map that misses it (or the teacher).
   bool parametric_only = false;
+  // --zero-parameter fallback, under kMinSpeedup: ASAP maps first. The
+  // zero-parameter operators (plain Sinkhorn, the teacher) are stored only
+  // when no map meets the budget, or when they are kZeroParameterGain times
+  // closer to the teacher (errors floored at kNoiseErrorFloor) than the most
+  // accurate map that meets it; under --budget model, the same for the
+  // model's error against the best assignment of maps.
+  bool maps_first = false;
   // kMinSpeedup: when the chosen operator's error over the layer's plain
   // softmax error (error_scale) is above `guard` (> 0), the fastest
   // operator within it replaces it (--guard under --budget layer;
@@ -46,6 +53,7 @@ struct ChoiceOptions {
 struct Choice {
   int index = -1;              // into the candidates
   int unguarded = -1;          // the budget's choice, when the guard replaced it
+  int passed_over = -1;        // maps first: the zero-parameter operator the map was stored in place of
   bool target_met = false;     // the objective's requirement holds (else a stated fallback)
   std::string decision;        // one sentence for the user
   double teacher_latency = 0;  // seconds
@@ -83,6 +91,15 @@ class Timer {
 // they must choose alike. Held-out errors from at most 64 examples do not
 // tell apart operators this close anyway.
 constexpr double kTieRel = 1e-6;
+// Maps first (ChoiceOptions::maps_first): how much closer to the teacher
+// plain Sinkhorn or the teacher must bring a layer (or the model) to be
+// stored in place of the ASAP maps that meet the same budget.
+constexpr double kZeroParameterGain = 2.0;
+// An attention error below this counts as this where two choices' errors
+// are compared as ratios (the noise margin, maps first): "twice as far"
+// from an error of 0 (the teacher itself) or of a few hundredths is not a
+// gain worth the budget (docs/decisions.md, "One budget for the model").
+constexpr double kNoiseErrorFloor = 0.03;
 bool close_to(double a, double b);
 // What a layer's error is divided by: its error for Sinkhorn T' = 1 (plain
 // softmax), so that an easy and a hard layer compare; 1 when that is not

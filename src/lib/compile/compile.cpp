@@ -78,6 +78,16 @@ BudgetScope parse_budget(const std::string& name) {
   throw Error(str("--budget must be 'model' or 'layer', found '", name, "'"));
 }
 
+const char* zero_parameter_name(ZeroParameter z) {
+  return z == ZeroParameter::kFallback ? "fallback" : z == ZeroParameter::kCompete ? "compete" : "never";
+}
+
+ZeroParameter parse_zero_parameter(const std::string& name) {
+  for (ZeroParameter z : {ZeroParameter::kFallback, ZeroParameter::kCompete, ZeroParameter::kNever})
+    if (name == zero_parameter_name(z)) return z;
+  throw Error(str("--zero-parameter must be 'fallback', 'compete' or 'never', found '", name, "'"));
+}
+
 const char* model_error_name(ModelErrorKind k) {
   return k == ModelErrorKind::kAuto ? "auto" : k == ModelErrorKind::kMax ? "max" : "sum";
 }
@@ -222,7 +232,7 @@ std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std
   t.op.kind = OperatorKind::kTeacher;
   t.op.steps = s.T;
   t.name = "teacher T=" + std::to_string(s.T);
-  t.selectable = opt.zero_parameter_operators;
+  t.selectable = opt.zero_parameter != ZeroParameter::kNever;
   c.push_back(t);
   for (int Tp = 1; Tp < s.T; ++Tp) {
     OperatorCandidate x;
@@ -231,7 +241,7 @@ std::vector<OperatorCandidate> operator_candidates(const LayerSpec& s, const std
     x.name = "sinkhorn T'=" + std::to_string(Tp);
     x.error = static_cast<size_t>(Tp - 1) < he.sinkhorn.size() ? he.sinkhorn[static_cast<size_t>(Tp - 1)]
                                                                : std::numeric_limits<double>::infinity();
-    x.selectable = opt.zero_parameter_operators;
+    x.selectable = opt.zero_parameter != ZeroParameter::kNever;
     c.push_back(x);
   }
   for (size_t i = 0; i < fits.size(); ++i)
@@ -335,7 +345,7 @@ json compile_options_json(const CompileOptions& opt) {
               {"guard", opt.guard},
               {"deploy_batch", opt.deploy_batch},
               {"latency", opt.latency ? opt.latency->describe() : json("measured")},
-              {"zero_parameter_operators", opt.zero_parameter_operators},
+              {"zero_parameter", zero_parameter_name(opt.zero_parameter)},
               {"ridge_grid", opt.ridge_grid},
               {"fixed_ridge", opt.ridge},
               {"closures", opt.closures},
@@ -481,7 +491,8 @@ ChoiceOptions choice_options(const CompileOptions& opt, int pass_budget) {
   co.max_error = opt.max_error;
   co.pass_budget = pass_budget;
   co.fixed_closures = opt.closures;
-  co.parametric_only = !opt.zero_parameter_operators;
+  co.parametric_only = opt.zero_parameter == ZeroParameter::kNever;
+  co.maps_first = opt.zero_parameter == ZeroParameter::kFallback;
   co.guard = opt.guard;
   return co;
 }

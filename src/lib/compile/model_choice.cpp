@@ -49,15 +49,17 @@ void time_every_operator(std::vector<OperatorCandidate>& c, Timer& timer, const 
     if (x.latency < 0 && allowed(x, o)) x.latency = c[static_cast<size_t>(first_of_key.at(x.op.key()))].latency;
 }
 
-// The layer's budget points: every allowed, timed candidate (index map in `of`).
+// The layer's budget points: every allowed, timed candidate (index map in
+// `of`); with maps_only, its ASAP maps.
 BudgetLayer budget_layer(const std::vector<OperatorCandidate>& c, const ChoiceOptions& o, double weight, bool normalize,
-                         std::vector<int>& of) {
+                         std::vector<int>& of, bool maps_only = false) {
   BudgetLayer b;
   b.weight = weight;
   b.error_scale = normalize ? error_scale(c) : 1.0;
   of.clear();
   for (size_t i = 0; i < c.size(); ++i)
-    if (allowed(c[i], o) && c[i].latency > 0 && std::isfinite(c[i].error)) {
+    if (allowed(c[i], o) && c[i].latency > 0 && std::isfinite(c[i].error) &&
+        (!maps_only || c[i].op.kind == OperatorKind::kAsap)) {
       b.points.push_back({c[i].error, c[i].latency});
       of.push_back(static_cast<int>(i));
     }
@@ -70,8 +72,8 @@ BudgetLayer budget_layer(const std::vector<OperatorCandidate>& c, const ChoiceOp
 // twice as far from the teacher as a candidate within the noise").
 constexpr double kNoiseGain = 2.0;
 
-// In the per-layer half of that bar, a held-out attention error below this
-// counts as this: "twice as far" from an error of 0 (the teacher itself) or
+// In the per-layer half of that bar, a held-out attention error below
+// kNoiseErrorFloor (choose.h) counts as it: "twice as far" from an error of 0 (the teacher itself) or
 // of a few hundredths is not a gain worth the budget. On the bundled ViT a
 // compile took the margin to store the teacher on layer 0 in place of a
 // 4-pass map at 0.023 and the model ran at 1.19x against the 1.25x asked for
@@ -80,7 +82,6 @@ constexpr double kNoiseGain = 2.0;
 // it. The error itself, not the one normalized by softmax's: on the padded
 // text teacher softmax's error is 3, and a fraction of it would let layer 0,
 // whose error decides the agreement there, go from 0.06 to 0.14 unnoticed.
-constexpr double kNoiseErrorFloor = 0.03;
 
 // Whether `noisy` (within the noise margin) is to be taken over `strict`
 // (within the budget): the model kNoiseGain times closer, or one layer whose
@@ -128,20 +129,36 @@ void set_latency(std::vector<OperatorCandidate>& c, int i, double latency) {
     if (y.latency > 0 && y.op.key() == key) y.latency = latency;
 }
 
-// Times each layer's frontier operators kRetimes more times. Their latency
-// becomes the median of their timings (copied to candidates of the same
-// key): the choice rests on those. Returns the timing noise: the median
-// over those operators of the relative spread of their timings (1.4826
-// times the median absolute deviation over the median: one standard
-// deviation of a single timing, robust to a burst of load that moves one
-// timing).
+// The record's zero_parameter: the --zero-parameter rule a speed budget ran under.
+std::optional<std::string> zero_parameter_of(const ChoiceOptions& o) {
+  if (o.objective != Objective::kMinSpeedup) return std::nullopt;
+  return std::string(o.maps_first ? "fallback" : o.parametric_only ? "never" : "compete");
+}
+
+// One set of budget points per layer, and the candidate index of each point.
+struct PointSet {
+  std::vector<BudgetLayer> bl;
+  std::vector<std::vector<int>> of;
+};
+
+// Times each layer's frontier operators (of every set) kRetimes more times.
+// Their latency becomes the median of their timings (copied to candidates
+// of the same key): the choice rests on those. Returns the timing noise:
+// the median over those operators of the relative spread of their timings
+// (1.4826 times the median absolute deviation over the median: one
+// standard deviation of a single timing, robust to a burst of load that
+// moves one timing).
 constexpr int kRetimes = 4;
-double retime_frontiers(std::vector<ModelLayer>& layers, std::vector<Timer>& timers, const std::vector<BudgetLayer>& bl,
-                        const std::vector<std::vector<int>>& of) {
+double retime_frontiers(std::vector<ModelLayer>& layers, std::vector<Timer>& timers,
+                        const std::vector<const PointSet*>& sets) {
   std::vector<std::vector<int>> idx(layers.size());
   for (size_t l = 0; l < layers.size(); ++l) {
-    for (int p : pareto_frontier(bl[l].points)) idx[l].push_back(of[l][static_cast<size_t>(p)]);
-    idx[l].erase(std::remove(idx[l].begin(), idx[l].end(), 0), idx[l].end());  // the teacher is in every call
+    for (const PointSet* ps : sets)
+      for (int p : pareto_frontier(ps->bl[l].points)) {
+        const int i = ps->of[l][static_cast<size_t>(p)];
+        if (i != 0 && std::find(idx[l].begin(), idx[l].end(), i) == idx[l].end())  // the teacher is in every call
+          idx[l].push_back(i);
+      }
   }
   const auto t = retime(layers, timers, idx, kRetimes);
   std::vector<double> spread;
@@ -213,6 +230,20 @@ ModelBudgetRecord record_of(const std::vector<ModelLayer>& layers, const std::ve
   return r;
 }
 
+// The model error of a choice with each layer's attention error floored at
+// kNoiseErrorFloor: what maps first compares (a layer at 0.01 of its
+// teacher is not three times closer than one at 0.03).
+double floored_error(const std::vector<BudgetLayer>& bl, const BudgetChoice& b, ModelError kind) {
+  double m = 0;
+  for (size_t l = 0; l < bl.size(); ++l) {
+    BudgetPoint p = bl[l].points[static_cast<size_t>(b.choice[l])];
+    p.error = std::max(kNoiseErrorFloor, p.error);
+    const double e = bl[l].normalized(p);
+    m = kind == ModelError::kSum ? m + e : std::max(m, e);
+  }
+  return m;
+}
+
 // Where a layer stores a loop: the best ASAP map no slower, or that none
 // runs as fast (with the fastest map's speed).
 std::string asap_next_to(const std::vector<OperatorCandidate>& c, const OperatorCandidate& x) {
@@ -277,6 +308,176 @@ std::string model_decision(const std::vector<ModelLayer>& layers, const std::vec
   return d;
 }
 
+// One solution of the budget over a PointSet; `unguarded` is the budget's
+// choice when the guard replaced it.
+struct Solved {
+  const PointSet* ps = nullptr;
+  BudgetChoice b;
+  std::optional<BudgetChoice> unguarded;
+};
+
+// Maps first (ChoiceOptions::maps_first): which of the two solutions was
+// stored, and why.
+enum class MapsFirst { kOff, kMaps, kNoMaps, kCloser };
+
+// The budget over the model's layers: the point sets (every allowed
+// operator; maps first, also the ASAP maps alone), the timing-noise margin
+// and the rule that picks among their solutions.
+class ModelSolver {
+ public:
+  ModelSolver(std::vector<ModelLayer>& layers, std::vector<Timer>& timers, const std::vector<double>& t0,
+              const ChoiceOptions& o, const ModelChoiceOptions& mo, ModelError kind)
+      : layers_(layers), o_(o), mo_(mo), kind_(kind) {
+    by_speed_ = o.objective == Objective::kMinSpeedup;
+    maps_first_ = by_speed_ && o.maps_first;
+    bound_ = mo.guard * (1 + kTieRel);
+    for (double t : t0) t_sum_ += t;
+    for (PointSet* ps : {&every_, &maps_}) ps->bl.resize(layers.size()), ps->of.resize(layers.size());
+    rebuild();
+    if (!by_speed_) return;
+    if (mo.noise >= 0) {
+      margin_ = mo.noise;
+      return;
+    }
+    std::vector<const PointSet*> sets{&every_};
+    if (maps_first_) sets.push_back(&maps_);
+    measured_ = retime_frontiers(layers, timers, sets);
+    margin_ = std::min(mo.noise_cap, std::max(mo.noise_floor, *measured_));
+    rebuild();
+  }
+
+  // The points again, from the candidates' current latencies.
+  void rebuild() {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& L = layers_[l];
+      every_.bl[l] = budget_layer(*L.cands, o_, L.weight, by_speed_, every_.of[l]);
+      if (maps_first_) maps_.bl[l] = budget_layer(*L.cands, o_, L.weight, by_speed_, maps_.of[l], true);
+    }
+  }
+
+  // Maps first: the budget over the ASAP maps alone, unless no assignment of
+  // maps meets it within the guard, or the budget over every operator brings
+  // the model kZeroParameterGain times closer to the teachers (each layer's
+  // error floored at kNoiseErrorFloor). other() is the solution not taken.
+  Solved solve() {
+    Solved a = solve_over(every_);
+    mf_ = MapsFirst::kOff;
+    if (!maps_first_) return a;
+    Solved m = solve_over(maps_);
+    if (!m.b.feasible || m.unguarded || (mo_.guard > 0 && largest_error(maps_.bl, m.b) > bound_)) {
+      mf_ = MapsFirst::kNoMaps;
+      other_ = m;
+      return a;
+    }
+    if (a.b.feasible && !a.unguarded &&
+        floored_error(every_.bl, a.b, kind_) * kZeroParameterGain <= floored_error(maps_.bl, m.b, kind_)) {
+      mf_ = MapsFirst::kCloser;
+      other_ = m;
+      return a;
+    }
+    mf_ = MapsFirst::kMaps;
+    other_ = a;
+    return m;
+  }
+
+  // The candidate index, per layer, of a solution's points.
+  std::vector<int> picks(const Solved& r) const {
+    std::vector<int> pick;
+    for (size_t l = 0; l < layers_.size(); ++l) pick.push_back(r.ps->of[l][static_cast<size_t>(r.b.choice[l])]);
+    return pick;
+  }
+
+  // What maps first adds to layer l's decision line, given the stored solution.
+  std::string clause(const Solved& sol, size_t l) const {
+    const auto& c = *layers_[l].cands;
+    const bool zero = c[static_cast<size_t>(picks(sol)[l])].op.kind != OperatorKind::kAsap;
+    const double here = floored_error(sol.ps->bl, sol.b, kind_);
+    if (mf_ == MapsFirst::kMaps && other_.b.feasible) {
+      const auto& z = c[static_cast<size_t>(picks(other_)[l])];
+      if (z.op.kind == OperatorKind::kAsap) return "";
+      return "; ASAP maps first: with plain Sinkhorn and the teacher the budget would store " + passes_phrase(z) +
+             " here, the model at " + fmt(floored_error(other_.ps->bl, other_.b, kind_)) +
+             " of softmax's error against " + fmt(here) + ", not twice as close";
+    }
+    if (mf_ == MapsFirst::kNoMaps && zero)
+      return "; no choice of ASAP maps alone makes the model " + times(o_.min_speedup) +
+             " faster within the guard, so plain Sinkhorn and the teacher are candidates";
+    if (mf_ == MapsFirst::kCloser && zero)
+      return "; with plain Sinkhorn and the teacher the model is at " + fmt(here) + " of softmax's error against " +
+             fmt(floored_error(other_.ps->bl, other_.b, kind_)) +
+             " for the best ASAP maps alone, at least twice as close";
+    return "";
+  }
+
+  // The record's maps_first: which solution was stored (absent: the rule is off).
+  std::optional<std::string> outcome() const {
+    switch (mf_) {
+      case MapsFirst::kMaps:
+        return std::string("maps");
+      case MapsFirst::kNoMaps:
+        return std::string("no-maps-fit");
+      case MapsFirst::kCloser:
+        return std::string("loops-twice-as-close");
+      case MapsFirst::kOff:
+        break;
+    }
+    return std::nullopt;
+  }
+
+  double margin() const { return margin_; }
+  std::optional<double> measured() const { return measured_; }
+  double t_sum() const { return t_sum_; }
+
+ private:
+  Solved solve_over(const PointSet& ps) const {
+    Solved r;
+    r.ps = &ps;
+    const auto& bl = ps.bl;
+    if (std::any_of(bl.begin(), bl.end(), [](const BudgetLayer& x) { return x.points.empty(); })) return r;
+    if (!by_speed_) {
+      r.b = fastest_within_error(bl, o_.max_error * (1 + kTieRel), kind_);
+      return r;
+    }
+    // The budget's own choice, and the one within the noise margin: the
+    // latter only when it is kNoiseGain times closer to the teachers, for
+    // the model or on a layer (else the margin would just become the budget).
+    const double budget = t_sum_ / o_.min_speedup;
+    BudgetChoice strict = most_accurate_within(bl, budget, 0, kind_);
+    BudgetChoice noisy = most_accurate_within(bl, budget, margin_, kind_);
+    r.b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
+    // The guard: a choice that leaves the model far from its teachers is not
+    // stored for speed; the fastest one within the guard is, when it is no
+    // slower than the teachers (theirs, with error 0, always is one when they
+    // are in the set; maps slower than the teachers do not replace the
+    // budget's choice), or the most accurate within the timing noise of its
+    // latency (within the guard too: at most as far as the fastest). The
+    // guard bounds every layer's normalized error, whatever --model-error
+    // makes of them: a sum over more layers would tighten it.
+    if (r.b.feasible && mo_.guard > 0 && largest_error(bl, r.b) > bound_) {
+      BudgetChoice g = fastest_within_error(bl, bound_, ModelError::kMax);
+      if (g.feasible && g.latency <= t_sum_ * (1 + kTieRel)) {
+        BudgetChoice close = most_accurate_within(bl, g.latency, margin_, kind_);
+        if (close.feasible && largest_error(bl, close) <= largest_error(bl, g)) g = close;
+        g.within_noise = false;  // the budget is not met, whatever the margin
+        r.unguarded = r.b;
+        r.b = g;
+      }
+    }
+    return r;
+  }
+
+  std::vector<ModelLayer>& layers_;
+  const ChoiceOptions& o_;
+  const ModelChoiceOptions& mo_;
+  ModelError kind_;
+  bool by_speed_ = false, maps_first_ = false;
+  double bound_ = 0, t_sum_ = 0, margin_ = 0;
+  std::optional<double> measured_;
+  PointSet every_, maps_;
+  MapsFirst mf_ = MapsFirst::kOff;
+  Solved other_;
+};
+
 }  // namespace
 
 ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOptions& o, const ModelChoiceOptions& mo) {
@@ -295,68 +496,23 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   const bool by_speed = o.objective == Objective::kMinSpeedup;
   const ModelErrorKind error = resolve_model_error(mo.error, o.objective);
   const ModelError kind = kind_of(error);
-  std::vector<BudgetLayer> bl(layers.size());
-  std::vector<std::vector<int>> of(layers.size());
-  auto rebuild = [&] {
-    for (size_t l = 0; l < layers.size(); ++l)
-      bl[l] = budget_layer(*layers[l].cands, o, layers[l].weight, by_speed, of[l]);
-  };
-  rebuild();
-  double margin = 0;
-  std::optional<double> measured;
-  if (by_speed) {
-    if (mo.noise >= 0) {
-      margin = mo.noise;
-    } else {
-      measured = retime_frontiers(layers, timers, bl, of);
-      margin = std::min(mo.noise_cap, std::max(mo.noise_floor, *measured));
-      rebuild();
-    }
-  }
-  double t_sum = 0;
-  for (double t : t0) t_sum += t;
-  std::optional<BudgetChoice> unguarded;  // the budget's choice, when the guard replaced it
-  auto solve = [&] {
-    unguarded.reset();
-    if (!by_speed) return fastest_within_error(bl, o.max_error * (1 + kTieRel), kind);
-    // The budget's own choice, and the one within the noise margin: the
-    // latter only when it is kNoiseGain times closer to the teachers, for
-    // the model or on a layer (else the margin would just become the budget).
-    BudgetChoice strict = most_accurate_within(bl, t_sum / o.min_speedup, 0, kind);
-    BudgetChoice noisy = most_accurate_within(bl, t_sum / o.min_speedup, margin, kind);
-    BudgetChoice b = noisy.feasible && (!strict.feasible || noise_pays(bl, strict, noisy)) ? noisy : strict;
-    // The guard: a choice that leaves the model far from its teachers is not
-    // stored for speed; the fastest one within the guard is, when it is no
-    // slower than the teachers (theirs, with error 0, always is one unless
-    // --no-zero-parameter removed them; maps slower than the teachers do not
-    // replace the budget's choice), or the most accurate within the timing
-    // noise of its latency (within the guard too: at most as far as the fastest).
-    // The guard bounds every layer's normalized error, whatever --model-error
-    // makes of them: a sum over more layers would tighten it.
-    const double bound = mo.guard * (1 + kTieRel);
-    if (b.feasible && mo.guard > 0 && largest_error(bl, b) > bound) {
-      BudgetChoice g = fastest_within_error(bl, bound, ModelError::kMax);
-      if (g.feasible && g.latency <= t_sum * (1 + kTieRel)) {
-        BudgetChoice close = most_accurate_within(bl, g.latency, margin, kind);
-        if (close.feasible && largest_error(bl, close) <= largest_error(bl, g)) g = close;
-        g.within_noise = false;  // the budget is not met, whatever the margin
-        unguarded = b;
-        return g;
-      }
-    }
-    return b;
-  };
-  BudgetChoice b = solve();
+  ModelSolver solver(layers, timers, t0, o, mo, kind);
+  Solved sol = solver.solve();
   // The chosen operators are timed again before they are stored; a slower
   // confirmation solves again (latencies only grow, so this ends).
   std::vector<std::vector<std::string>> confirmed(layers.size());
-  while (b.feasible) {
-    std::vector<int> pick;
-    for (size_t l = 0; l < layers.size(); ++l) pick.push_back(of[l][static_cast<size_t>(b.choice[l])]);
-    if (!confirm_choice(layers, timers, pick, confirmed)) break;
-    rebuild();
-    b = solve();
+  while (sol.b.feasible) {
+    if (!confirm_choice(layers, timers, solver.picks(sol), confirmed)) break;
+    solver.rebuild();
+    sol = solver.solve();
   }
+  const double margin = solver.margin();
+  const std::optional<double> measured = solver.measured();
+  const double t_sum = solver.t_sum();
+  const BudgetChoice& b = sol.b;
+  const std::optional<BudgetChoice>& unguarded = sol.unguarded;
+  const std::vector<BudgetLayer>& bl = sol.ps->bl;
+  const std::vector<std::vector<int>>& of = sol.ps->of;
   ModelChoice mc;
   if (!b.feasible) {  // no assignment meets the model's objective: each layer on its own
     mc.per_layer_fallback = true;
@@ -375,8 +531,7 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     for (auto& ch : mc.layers) ch.decision = why + ch.decision;
     return mc;
   }
-  std::vector<int> pick;
-  for (size_t l = 0; l < layers.size(); ++l) pick.push_back(of[l][static_cast<size_t>(b.choice[l])]);
+  const std::vector<int> pick = solver.picks(sol);
   mc.record = record_of(layers, bl, pick, t0, o, error);
   mc.record.scope = "model";
   mc.record.noise_margin = margin;
@@ -384,6 +539,8 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
   mc.record.within_noise = b.within_noise;
   mc.record.target_met = !unguarded;
   if (by_speed && mo.guard > 0) mc.record.guard = mo.guard;
+  mc.record.zero_parameter = zero_parameter_of(o);
+  mc.record.maps_first = solver.outcome();
   if (unguarded) {
     mc.record.unguarded_error = largest_error(bl, *unguarded);
     mc.record.unguarded_speedup = t_sum / unguarded->latency;
@@ -395,6 +552,7 @@ ModelChoice choose_for_model(std::vector<ModelLayer>& layers, const ChoiceOption
     ch.teacher_latency = t0[l];
     ch.latency_calls = timers[l].calls();
     ch.decision = model_decision(layers, bl, of, pick, l, mc.record, o);
+    ch.decision += solver.clause(sol, l);
     mc.layers.push_back(std::move(ch));
   }
   return mc;
@@ -416,6 +574,7 @@ ModelBudgetRecord per_layer_model_record(const std::vector<ModelLayer>& layers, 
   r.scope = "layer";
   r.target_met = std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.target_met; });
   if (o.objective == Objective::kMinSpeedup && o.guard > 0) r.guard = o.guard;
+  r.zero_parameter = zero_parameter_of(o);
   // Where the guard replaced a layer's choice: what the budget's choices
   // would have given the model (the error the guard bounds: the largest).
   if (std::any_of(choices.begin(), choices.end(), [](const Choice& c) { return c.unguarded >= 0; })) {

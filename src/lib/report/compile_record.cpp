@@ -432,6 +432,8 @@ void to_json(json& j, const ModelBudgetRecord& r) {
   put(j, "guard", r.guard);
   put(j, "unguarded_error", r.unguarded_error);
   put(j, "unguarded_speedup", r.unguarded_speedup);
+  put(j, "zero_parameter", r.zero_parameter);
+  put(j, "maps_first", r.maps_first);
 }
 void from_json(const json& j, ModelBudgetRecord& r) {
   const char* w = "'model_budget'";
@@ -456,6 +458,8 @@ void from_json(const json& j, ModelBudgetRecord& r) {
   r.guard = maybe_num(j, w, "guard");
   r.unguarded_error = maybe_num(j, w, "unguarded_error");
   r.unguarded_speedup = maybe_num(j, w, "unguarded_speedup");
+  r.zero_parameter = maybe<std::string>(j, w, "zero_parameter");
+  r.maps_first = maybe<std::string>(j, w, "maps_first");
 }
 
 const FitCandidateRecord* LayerRecord::find_candidate(const std::string& name) const {

@@ -255,11 +255,11 @@ Verdict verdict_of(const Layer& L) {
   }
   const Op& d = *L.def();
   if (d.kind != "asap") {
-    // The layer stores a zero-parameter operator: compile found no ASAP map
-    // that met its objective on the compiling machine (its decision says why).
+    // The layer stores a zero-parameter operator: no ASAP map met the
+    // objective on the compiling machine, or (--zero-parameter fallback)
+    // the loop was twice as close, or (compete) closer; the decision says which.
     std::string s = name + "the layer stores " + d.label() + " (" + itos(d.passes) +
-                    " LSE passes): compile found no ASAP map that met its objective there; attention error " +
-                    fmt(d.err);
+                    " LSE passes), not an ASAP map (compile's decision line says why); attention error " + fmt(d.err);
     const Op* t = L.teacher();
     if (d.timed() && t && t->timed() && d.kind != "teacher")
       s += ", " + ratio(t->lat / d.lat) + " faster than the teacher";
