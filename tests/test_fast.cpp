@@ -374,6 +374,72 @@ TEST_CASE("fast: col_stats is each column's max, mean and standard deviation on 
   }
 }
 
+namespace {
+// stats_map: the slice-free statistics map's dual of one head in one
+// kernel, against float64 loops over each column's values. The columns
+// past nc - lines hold other values in M than in their lines (and the lines
+// before them other values than M), so reading the wrong one fails; f past
+// nc keeps its sentinel.
+template <class T>
+void check_stats_map(const asap::fast::detail::KernelTable<T>& K, double tol) {
+  const int64_t ld = 96, ldl = 45;  // M's rows readable up to roundup(nc, width) for nc <= 70
+  for (int64_t rows : {1, 2, 3, 16, 17, 40})
+    for (int64_t nc : {1, 2, 5, 8, 15, 16, 17, 33, 64, 70})
+      for (int64_t lines : {int64_t(0), int64_t(1), nc % 8, nc})
+        for (bool shifted : {false, true}) {
+          if (lines > nc) continue;
+          CAPTURE(rows);
+          CAPTURE(nc);
+          CAPTURE(lines);
+          CAPTURE(shifted);
+          const int64_t nm = nc - lines;
+          std::vector<T> M(rows * ld), L(nc * ldl), shift(rows), alpha(nc), f(nc + 1, T(-7));
+          const auto value = [](int64_t r, int64_t c) {
+            return 3.0 * c - 20 + std::sin(0.37 * (c * 131 + r * 17)) * (1 + r % 5);
+          };
+          for (int64_t r = 0; r < rows; ++r) {
+            shift[r] = static_cast<T>(std::cos(0.7 * r) * 5 + r);
+            for (int64_t c = 0; c < ld; ++c) M[r * ld + c] = static_cast<T>(c < nm ? value(r, c) : 1e3 + r);
+          }
+          for (int64_t c = 0; c < nc; ++c) {
+            alpha[c] = static_cast<T>(0.5 + 0.25 * static_cast<double>((c * 7) % 11));
+            for (int64_t r = 0; r < rows; ++r) L[c * ldl + r] = static_cast<T>(c >= nm ? value(r, c) : -1e3 - r);
+          }
+          const T w[3] = {T(0.75), T(0.5), T(-2.0)}, wc[2] = {T(0.5), T(-1.25)};
+          const T ca = T(0.625), inv_eps = T(2.0);
+          K.stats_map(rows, nc, M.data(), ld, lines, L.data(), ldl, shifted ? shift.data() : nullptr, w,
+                      shifted ? wc : nullptr, alpha.data(), ca, inv_eps, f.data());
+          for (int64_t c = 0; c < nc; ++c) {
+            CAPTURE(c);
+            double m = -1e300, sum = 0, mz = -1e300, sz = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+              const double x = static_cast<T>(value(r, c)), z = x - static_cast<double>(shift[r]);
+              m = std::max(m, x), sum += x, mz = std::max(mz, z), sz += z;
+            }
+            const double mu = sum / rows, muz = sz / rows;
+            double sq = 0, sqz = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+              const double x = static_cast<T>(value(r, c)), z = x - static_cast<double>(shift[r]);
+              sq += (x - mu) * (x - mu), sqz += (z - muz) * (z - muz);
+            }
+            double y = 0.75 * m + 0.5 * mu - 2.0 * std::sqrt(sq / rows);
+            if (shifted) y += 0.5 * mz - 1.25 * (sqz / rows);
+            const double a = alpha[c];
+            CHECK(f[c] == doctest::Approx((0.625 * a + y - a) * 2.0).epsilon(tol).scale(2000));
+          }
+          CHECK(f[nc] == T(-7));  // nothing past f[nc - 1]
+        }
+}
+}  // namespace
+
+TEST_CASE("fast: stats_map is the statistics map's dual from the tile and its lines on every instruction set") {
+  for (const auto& isa : asap::fast::available_isas()) {
+    CAPTURE(isa);
+    check_stats_map(kernels_of(isa).f64, 1e-12);
+    check_stats_map(kernels_of(isa).f32, 2e-5);
+  }
+}
+
 TEST_CASE("fast: row_sqnorm is (s/2) ||q_r||^2 for the listed rows on every instruction set") {
   // Rows in blocks of the float64 vector width (and, for float32 with d a
   // multiple of the float32 width up to 8 vectors, of the float32 width)

@@ -785,6 +785,29 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
     closures(k, log_mult, f, g, out);
     return;
   }
+  if (fs.L == 0 && fs.stats && !fs.softmax && !fs.sinkhorn3 && !psi && !phi && use_st_ && ch_.threads <= 1) {
+    // alpha and the statistics of a head on one thread with the transposed
+    // tile (short sequences): the general path's col_stats, line_stats and
+    // map_tail in one kernel that writes f, no statistic stored (their
+    // bookkeeping was about 375 instructions of a head at n = 17, d = 16;
+    // docs/performance.md).
+    const int64_t p_st = fs.alpha ? 1 : 0;
+    const T w[3] = {static_cast<T>(beta[p_st] * eps), static_cast<T>(beta[p_st + 1] * eps),
+                    static_cast<T>(beta[p_st + 2] * eps)};
+    T wc[2] = {T(0), T(0)};
+    T* shift = nullptr;
+    if (fs.cstats) {
+      shift = cmu_.get(round_up(nJ_, kt_.width));
+      column_means(shift);
+      wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
+    }
+    if (!st_ready_) build_transposed();
+    const auto line = [this](int64_t i) { return static_cast<const T*>(S_.data() + i * ldS_); };
+    kt_.stats_map(nJ_, nR_, ST_.data(), ldST_, line_columns(0, nR_, line), S_.data(), ldS_, shift, w, wc, alpha,
+                  fs.alpha ? static_cast<T>(beta[0]) : T(0), static_cast<T>(1.0 / eps), f);
+    closures(k, log_mult, f, g, out);
+    return;
+  }
   // Slices: accumulated (beta_l col_l and beta_l mean_l) or, when the columns
   // are asked for, centered into psi and then summed from there.
   double* acc = phi_acc_.get(nR_);

@@ -137,6 +137,15 @@ struct KernelTable {
   // (shift [count] as col_stats' shift), each output a single element.
   void (*line_stats)(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
                      const T* wc, T* y);
+  // The slice-free statistics map's dual of one head on the transposed tile
+  // M [rows x nc] (ld; the columns are the score rows, read in whole
+  // vectors): f[c] = (ca alpha[c] + y_c - alpha[c]) * inv_eps, y_c as
+  // col_stats' y for w (and wc with shift), the last `lines` columns taken
+  // as the lines L + c * ldl [rows] (line_stats). Only f[0..nc) is written,
+  // alpha[0..nc) read: the general path's col_stats, line_stats and
+  // map_tail in one call, without their outputs.
+  void (*stats_map)(int64_t rows, int64_t nc, const T* M, int64_t ld, int64_t lines, const T* L, int64_t ldl,
+                    const T* shift, const T* w, const T* wc, const T* alpha, T ca, T inv_eps, T* f);
   // out[c] += sum_r M[r, c] for the columns of M [rows x nc] (ld), in whole
   // vectors: out and M's rows must hold roundup(nc, width).
   void (*col_sums)(int64_t rows, int64_t nc, const T* M, int64_t ld, T* out);

@@ -1406,10 +1406,11 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T
 // NB vectors of columns of col_stats, in one sweep of the rows: x = M[r, c]
 // and, with kShift, z = x - shift[r]; for each, the running max and the
 // sums of x - x0 and of its square (x0 = the column's first x, which keeps
-// the variance's subtraction away from the mean's magnitude).
-template <class T, int NB, bool kShift>
-inline void col_stats_block(int64_t rows, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var,
-                            const T* w, const T* wc, T* y) {
+// the variance's subtraction away from the mean's magnitude). Then
+// emit(b, max, mean, sd, max z, var z) for each vector b (the last two zero
+// without kShift).
+template <class T, int NB, bool kShift, class Emit>
+inline void col_stats_sweep(int64_t rows, const T* M, int64_t ld, const T* shift, const Emit& emit) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W, NS = kShift ? NB : 1;
   V x0[NB], m[NB], s1[NB], s2[NB], z0[NS], mz[NS], t1[NS], t2[NS];
@@ -1439,19 +1440,39 @@ inline void col_stats_block(int64_t rows, const T* M, int64_t ld, const T* shift
   for (int b = 0; b < NB; ++b) {
     const V d1 = s1[b] * inv;
     const V u = x0[b] + d1, sv = vsqrt(vmax(s2[b] * inv - d1 * d1, V{}));
-    store(mx + b * W, m[b]);
-    store(mean + b * W, u);
-    store(sd + b * W, sv);
-    V yv = y ? splat<V>(w[0]) * m[b] + splat<V>(w[1]) * u + splat<V>(w[2]) * sv : V{};
+    V mzb = V{}, v = V{};
     if constexpr (kShift) {
       const V e1 = t1[b] * inv;
-      const V v = vmax(t2[b] * inv - e1 * e1, V{});
-      store(mxc + b * W, mz[b]);
-      store(var + b * W, v);
-      if (y) yv = yv + splat<V>(wc[0]) * mz[b] + splat<V>(wc[1]) * v;
+      mzb = mz[b], v = vmax(t2[b] * inv - e1 * e1, V{});
     }
-    if (y) store(y + b * W, yv);
+    emit(b, m[b], u, sv, mzb, v);
   }
+}
+
+// The weighted sum of one column's statistics (col_stats' y), vector or scalar.
+template <bool kShift, class X, class S>
+inline X stats_sum(const S* w, const S* wc, X m, X u, X sd, X mz, X v) {
+  X y = w[0] * m + w[1] * u + w[2] * sd;
+  if constexpr (kShift) y = y + wc[0] * mz + wc[1] * v;
+  return y;
+}
+
+template <class T, int NB, bool kShift>
+inline void col_stats_block(int64_t rows, const T* M, int64_t ld, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var,
+                            const T* w, const T* wc, T* y) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  col_stats_sweep<T, NB, kShift>(rows, M, ld, shift, [&](int b, V m, V u, V sv, V mz, V v) {
+    store(mx + b * W, m);
+    store(mean + b * W, u);
+    store(sd + b * W, sv);
+    if constexpr (kShift) store(mxc + b * W, mz), store(var + b * W, v);
+    if (y) {
+      const V vw[3] = {splat<V>(w[0]), splat<V>(w[1]), splat<V>(w[2])};
+      const V vwc[2] = {kShift ? splat<V>(wc[0]) : V{}, kShift ? splat<V>(wc[1]) : V{}};
+      store(y + b * W, stats_sum<kShift>(vw, vwc, m, u, sv, mz, v));
+    }
+  });
 }
 
 // Calls block(std::integral_constant<int, NB>, v) for the nv vectors of
@@ -1502,9 +1523,9 @@ void col_stats(int64_t rows, int64_t nc, const T* M, int64_t ld, const T* shift,
 // mostly idle lanes; at n = 17 that vector was half of the kernel). The same
 // statistics, from sums shifted by x[0] (and x[0] - shift[0]), by vectors
 // along the line with horizontal reductions at the end, the rest scalar.
+// st = {max, mean, sd, max z, var z} (the last two zero without kShift).
 template <class T, bool kShift>
-void line_stats_t(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
-                  const T* wc, T* y) {
+inline void line_stats_sweep(int64_t count, const T* x, const T* shift, T* st) {
   using V = typename Vec<T>::V;
   constexpr int W = Vec<T>::W;
   const T x0 = x[0], z0 = kShift ? x[0] - shift[0] : T(0);
@@ -1540,15 +1561,23 @@ void line_stats_t(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* 
     }
   }
   const T inv = T(1) / static_cast<T>(count);
-  const T d1 = a1 * inv, u = x0 + d1, sv = std::sqrt(smax(a2 * inv - d1 * d1, T(0)));
-  *mx = ms, *mean = u, *sd = sv;
-  T yv = y ? w[0] * ms + w[1] * u + w[2] * sv : T(0);
+  const T d1 = a1 * inv;
+  st[0] = ms, st[1] = x0 + d1, st[2] = std::sqrt(smax(a2 * inv - d1 * d1, T(0)));
+  st[3] = mzs, st[4] = T(0);
   if constexpr (kShift) {
-    const T e1 = b1 * inv, v = smax(b2 * inv - e1 * e1, T(0));
-    *mxc = mzs, *var = v;
-    if (y) yv = yv + wc[0] * mzs + wc[1] * v;
+    const T e1 = b1 * inv;
+    st[4] = smax(b2 * inv - e1 * e1, T(0));
   }
-  if (y) *y = yv;
+}
+
+template <class T, bool kShift>
+void line_stats_t(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd, T* mxc, T* var, const T* w,
+                  const T* wc, T* y) {
+  T st[5];
+  line_stats_sweep<T, kShift>(count, x, shift, st);
+  *mx = st[0], *mean = st[1], *sd = st[2];
+  if constexpr (kShift) *mxc = st[3], *var = st[4];
+  if (y) *y = stats_sum<kShift>(w, wc, st[0], st[1], st[2], st[3], st[4]);
 }
 
 template <class T>
@@ -1558,6 +1587,52 @@ void line_stats(int64_t count, const T* x, const T* shift, T* mx, T* mean, T* sd
     line_stats_t<T, true>(count, x, shift, mx, mean, sd, mxc, var, w, wc, y);
   else
     line_stats_t<T, false>(count, x, nullptr, mx, mean, sd, nullptr, nullptr, w, wc, y);
+}
+
+// The slice-free statistics map's dual in one kernel (Engine::asap_map's
+// path for heads of one block): y_c = col_stats' y of column c < nc of M
+// [rows x nc] (ld, whole vectors read), except that the last `lines` columns
+// are taken as the lines L + c * ldl [rows] (line_stats), and f[c] = (ca
+// alpha[c] + y_c - alpha[c]) * inv_eps (map_tail's f). Nothing past f[nc - 1]
+// is written nor alpha[nc - 1] read.
+template <class T, bool kShift>
+void stats_map_t(int64_t rows, int64_t nc, const T* M, int64_t ld, int64_t lines, const T* L, int64_t ldl,
+                 const T* shift, const T* w, const T* wc, const T* alpha, T ca, T inv_eps, T* f) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  const int64_t nm = nc - lines, nv = (nm + W - 1) / W;
+  const V vw[3] = {splat<V>(w[0]), splat<V>(w[1]), splat<V>(w[2])};
+  const V vwc[2] = {kShift ? splat<V>(wc[0]) : V{}, kShift ? splat<V>(wc[1]) : V{}};
+  const V vca = splat<V>(ca), vie = splat<V>(inv_eps);
+  stats_blocks<kShift ? 2 : 4>(nv, [&](auto nb, int64_t v0) {
+    const int64_t o = v0 * W;
+    col_stats_sweep<T, decltype(nb)::value, kShift>(rows, M + o, ld, shift, [&](int b, V m, V u, V sv, V mz, V var) {
+      const V y = stats_sum<kShift>(vw, vwc, m, u, sv, mz, var);
+      const int64_t c = o + b * W;
+      if (c + W <= nm) {
+        const V a = load<V>(alpha + c);
+        store(f + c, (vca * a + y - a) * vie);
+        return;
+      }
+      T ys[W];
+      store(ys, y);
+      for (int64_t i = c; i < nm; ++i) f[i] = (ca * alpha[i] + ys[i - c] - alpha[i]) * inv_eps;
+    });
+  });
+  for (int64_t c = nm; c < nc; ++c) {
+    T st[5];
+    line_stats_sweep<T, kShift>(rows, L + c * ldl, shift, st);
+    f[c] = (ca * alpha[c] + stats_sum<kShift>(w, wc, st[0], st[1], st[2], st[3], st[4]) - alpha[c]) * inv_eps;
+  }
+}
+
+template <class T>
+void stats_map(int64_t rows, int64_t nc, const T* M, int64_t ld, int64_t lines, const T* L, int64_t ldl, const T* shift,
+               const T* w, const T* wc, const T* alpha, T ca, T inv_eps, T* f) {
+  if (shift)
+    stats_map_t<T, true>(rows, nc, M, ld, lines, L, ldl, shift, w, wc, alpha, ca, inv_eps, f);
+  else
+    stats_map_t<T, false>(rows, nc, M, ld, lines, L, ldl, nullptr, w, nullptr, alpha, ca, inv_eps, f);
 }
 
 template <class T>
@@ -1647,6 +1722,7 @@ constexpr detail::KernelTable<T> make_table() {
                                 &map_tail<T>,
                                 &col_stats<T>,
                                 &line_stats<T>,
+                                &stats_map<T>,
                                 &col_sums<T>,
                                 &all_finite<T>,
                                 &peak_fma<T>};
