@@ -7,6 +7,9 @@
 
 #include <ATen/Parallel.h>
 #include <thread>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -1143,6 +1146,37 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
   CHECK_THROWS_AS(asap::fast::teacher(q, k, v, at::zeros({1, 300}, at::kBool), s, 2, c), asap::Error);
   CHECK_THROWS_AS(asap::fast::teacher(q, k.slice(2, 0, 10), v, at::Tensor(), s, 2, c), asap::Error);
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+TEST_CASE("fast: heads run with subnormals flushed to zero, and the caller's floating-point mode is kept") {
+  // Values of 1e-39 (a float subnormal) are read as zero on every thread that
+  // runs heads (denormals-are-zero), so the output is exactly zero; without the
+  // mode some rows would be about 1e-39. After the call the calling thread's
+  // MXCSR is what it was, whether the bits were off or on.
+  at::manual_seed(31);
+  const unsigned bits = 0x8040, before = _mm_getcsr();
+  for (const auto& cfg : configs()) {
+    for (bool caller_on : {false, true}) {
+      CAPTURE(cfg.name);
+      CAPTURE(caller_on);
+      Threads th(cfg.threads);
+      for (int64_t n : {17, 300}) {
+        CAPTURE(n);
+        auto q = at::randn({1, 2, n, 16}), k = at::randn({1, 2, n, 16});
+        auto v = at::full({1, 2, n, 16}, 1e-39f);
+        REQUIRE(v[0][0][0][0].item<float>() > 0.0f);  // stored as a subnormal, not flushed on the way in
+        const unsigned mode = caller_on ? (before | bits) : (before & ~bits);
+        _mm_setcsr(mode);
+        auto r = asap::fast::teacher(q, k, v, at::Tensor(), 0.25, 3, asap::Convention{}, false, cfg.tuning);
+        const unsigned after = _mm_getcsr();
+        _mm_setcsr(before);
+        CHECK(after == mode);
+        CHECK(r.O.abs().max().item<float>() == 0.0f);
+      }
+    }
+  }
+}
+#endif
 
 TEST_CASE("fast: features match the reference (families, masks, ties)") {
   at::manual_seed(23);

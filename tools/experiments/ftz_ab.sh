@@ -2,8 +2,11 @@
 # Times the fused teacher T = 6 and Sinkhorn T' = 4 with the flush-to-zero and
 # denormals-are-zero bits off and on (tools/experiments/ftz_ab.cpp): a gain with
 # the bits on means subnormal numbers in the passes (docs/performance.md,
-# "Subnormal exponentials"). Builds against the repo's headers and the libasap
-# of ASAP_BUILD; x86 only.
+# "Subnormal exponentials"). Since the fast path sets the bits itself on every
+# thread that runs heads ("Subnormals on Intel"), the two columns should agree on
+# a build of the repo; a gap means a thread runs heads without them. A build
+# before that change (ASAP_BUILD, e.g. af1f559) shows what they buy. Builds
+# against the repo's headers and the libasap of ASAP_BUILD; x86 only.
 #   tools/experiments/ftz_ab.sh [N=17] [D=16] [THREADS=2] [ROUNDS=5] [REPS=201] [QK_SCALE=1]
 # ASAP_BUILD: the build directory with libasap.so (default build), e.g. a build
 # of 1f2a281, before the exponential's clamp moved.

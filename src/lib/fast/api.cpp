@@ -128,6 +128,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
   const bool cache = n <= kCachedEngineMaxN;
   if (ch.head_parallel) {
     const auto run = [&](int64_t b, int64_t e) {
+      const detail::FlushDenormals ftz;
       std::unique_ptr<Engine<T>> own;
       if (!cache) own = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
       Engine<T>& eng = cache ? thread_engine(kt, n, d, dv, ch) : *own;
@@ -142,6 +143,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
     else
       at::parallel_for(0, BH, 1, run);
   } else {
+    const detail::FlushDenormals ftz;
     Engine<T> eng(kt, n, d, dv, ch);
     per_range(0, BH);
     for (int64_t bh = 0; bh < BH; ++bh) per_head(eng, bh);

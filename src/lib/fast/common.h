@@ -1,6 +1,9 @@
 // Shared helpers of the fast path: kernel-table selection, aligned buffers.
 #pragma once
 #include <sys/mman.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +32,36 @@ inline const KernelTable<double>& table_of<double>(const Kernels& k) {
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Flush-to-zero and denormals-are-zero on this thread while in scope, the
+// thread's own mode back after (x86's MXCSR bits 0x8040; nothing elsewhere).
+// Every thread that runs heads holds one: the passes' plan entries reach
+// FLT_MIN where a score is far below its row's maximum, and their products
+// with the values are subnormal; on Intel cores each subnormal result or
+// input costs a microcode assist (the fused teacher ran 8x slower on scores
+// of +-800, padded text's, at n = 32; docs/performance.md, "Subnormals on
+// Intel"). Results change only where an intermediate or an input is below
+// FLT_MIN (1.2e-38; DBL_MIN in float64) in magnitude.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kBits = 0x8040;  // FTZ (bit 15) and DAZ (bit 6)
+  FlushDenormals() : saved_(_mm_getcsr()) {
+    if ((saved_ & kBits) != kBits) _mm_setcsr(saved_ | kBits);
+  }
+  ~FlushDenormals() {
+    if ((saved_ & kBits) != kBits) _mm_setcsr(saved_);
+  }
+
+ private:
+  unsigned saved_;
+#else
+  FlushDenormals() = default;
+#endif
+ public:
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+};
 
 // A 64-byte aligned, uninitialised, growable buffer.
 template <class T>

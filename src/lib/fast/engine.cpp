@@ -158,6 +158,7 @@ void Engine<T>::pfor(int64_t count, const F& fn) {
     return;
   }
   at::parallel_for(0, count, 1, [&](int64_t b, int64_t e) {
+    const FlushDenormals ftz;  // the team's other threads (drive() holds one on the caller's)
     const int tid = at::get_thread_num();
     ASAP_ASSERT(tid >= 0 && tid < static_cast<int>(scratch_.size()));
     for (int64_t i = b; i < e; ++i) fn(i, tid);

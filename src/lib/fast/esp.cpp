@@ -31,6 +31,7 @@ void esp_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const T* vp = v.data_ptr<T>();
   T* op = O.data_ptr<T>();
   at::parallel_for(0, B * H, 1, [&](int64_t b0, int64_t b1) {
+    const FlushDenormals ftz;
     Buf<T> packq, packk, X, Y;
     SortScratch<T> ss_;
     std::vector<int32_t> ox, oy;
