@@ -56,7 +56,9 @@ class FlushDenormals {
  private:
   unsigned saved_;
 #else
-  FlushDenormals() = default;
+  // Nothing to set; user-provided so that a guard is not an unused variable.
+  FlushDenormals() {}
+  ~FlushDenormals() {}
 #endif
  public:
   FlushDenormals(const FlushDenormals&) = delete;
