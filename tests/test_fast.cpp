@@ -1150,11 +1150,13 @@ TEST_CASE("fast: teacher without attention, without values, and the Sinkhorn nor
 #if defined(__x86_64__) || defined(__i386__)
 TEST_CASE("fast: heads run with subnormals flushed to zero, and the caller's floating-point mode is kept") {
   // Values of 1e-39 (a float subnormal) are read as zero on every thread that
-  // runs heads (denormals-are-zero), so the output is exactly zero; without the
+  // runs heads (denormals-are-zero), so the output of the teacher and of ESP
+  // is exactly zero; without the
   // mode some rows would be about 1e-39. After the call the calling thread's
   // MXCSR is what it was, whether the bits were off or on.
   at::manual_seed(31);
   const unsigned bits = 0x8040, before = _mm_getcsr();
+  const auto theta = asap::make_slice_bank(16, 4, 3);
   for (const auto& cfg : configs()) {
     for (bool caller_on : {false, true}) {
       CAPTURE(cfg.name);
@@ -1172,6 +1174,13 @@ TEST_CASE("fast: heads run with subnormals flushed to zero, and the caller's flo
         _mm_setcsr(before);
         CHECK(after == mode);
         CHECK(r.O.abs().max().item<float>() == 0.0f);
+        // ESP's heads too (O_i = sum_l w_l v_sigma_l(i)).
+        _mm_setcsr(mode);
+        auto o = asap::fast::esp_attention(q, k, v, theta, 0.25, 2.0, cfg.tuning);
+        const unsigned after_esp = _mm_getcsr();
+        _mm_setcsr(before);
+        CHECK(after_esp == mode);
+        CHECK(o.abs().max().item<float>() == 0.0f);
       }
     }
   }
@@ -1270,7 +1279,7 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   at::manual_seed(41 + seed_base);
   // With slices, and slice-free (alpha, the softmax dual and the teacher's
   // dual after three steps taken from the passes the call runs anyway).
-  std::vector<asap::FeatureFamily> fams(12);
+  std::vector<asap::FeatureFamily> fams(14);
   fams[0].slices = 12;
   fams[1].slices = 24, fams[1].alpha = true;
   fams[2].slices = 8, fams[2].alpha = true, fams[2].softmax_dual = true;
@@ -1285,6 +1294,10 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
   // The centered statistics (centered_stats): slice-free and with slices.
   fams[10] = fams[7], fams[10].centered_stats = true;
   fams[11] = fams[9], fams[11].centered_stats = true;
+  // The statistics without alpha (the one-kernel path's coefficients start at
+  // beta[0], and alpha's weight is zero).
+  fams[12].score_stats = true;
+  fams[13] = fams[12], fams[13].centered_stats = true;
   int seed = seed_base;
   {
     for (int64_t n : {1, 2, 16, 17, 33, 64, 130}) {
@@ -1295,7 +1308,10 @@ void check_fused_against_reference(at::ScalarType dtype, int seed_base) {
             for (bool per_head : {(fi + n + masked + drop) % 2 == 0}) {  // pooled and per head alternate over n
               const int64_t B = 2, H = 3, d = 8;
               const int T = (fi + per_head) % 2 == 0 ? 6 : 5;
-              auto L = make_layer(H, d, fams[fi], per_head, drop, T, fi == 1 ? 0.6 : 1.0, !(fi == 2 && per_head));
+              // eps != 1 for the statistics families: their centered variance enters
+              // the dual with eps^2, the other statistics with eps.
+              const double eps = fi == 1 ? 0.6 : fi >= 7 ? 0.7 : 1.0;
+              auto L = make_layer(H, d, fams[fi], per_head, drop, T, eps, !(fi == 2 && per_head));
               auto q = at::randn({B, H, n, d}, dtype), k = at::randn({B, H, n, d}, dtype);
               // Wide values at n = 16 and 17: the final column pass scales
               // E's columns instead of V's rows there.

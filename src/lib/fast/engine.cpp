@@ -774,6 +774,21 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
   }
 }
 
+// The statistics' weights in the dual, beta_c times eps (the max, mean, sd
+// and centered max) or eps^2 (the centered variance, in S'^2 units), from
+// beta[p_st]; with the centered ones, the column means they are centered on
+// (else nullptr).
+template <class T>
+const T* Engine<T>::stats_weights(const FeatureSpec<T>& fs, const double* beta, int64_t p_st, double eps, T* w, T* wc) {
+  for (int c = 0; c < 3; ++c) w[c] = static_cast<T>(beta[p_st + c] * eps);
+  wc[0] = wc[1] = T(0);
+  if (!fs.cstats) return nullptr;
+  T* shift = cmu_.get(round_up(nJ_, kt_.width));
+  column_means(shift);
+  wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
+  return shift;
+}
+
 template <class T>
 void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double eps, const T* alpha, int k, T log_mult,
                          T* f, T* g, const HeadOut<T>& out, T* phi, T* psi) {
@@ -792,16 +807,8 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
     // map_tail in one kernel that writes f, no statistic stored (their
     // bookkeeping was about 375 instructions of a head at n = 17, d = 16;
     // docs/performance.md).
-    const int64_t p_st = fs.alpha ? 1 : 0;
-    const T w[3] = {static_cast<T>(beta[p_st] * eps), static_cast<T>(beta[p_st + 1] * eps),
-                    static_cast<T>(beta[p_st + 2] * eps)};
-    T wc[2] = {T(0), T(0)};
-    T* shift = nullptr;
-    if (fs.cstats) {
-      shift = cmu_.get(round_up(nJ_, kt_.width));
-      column_means(shift);
-      wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
-    }
+    T w[3], wc[2];
+    const T* shift = stats_weights(fs, beta, fs.alpha ? 1 : 0, eps, w, wc);
     if (!st_ready_) build_transposed();
     const auto line = [this](int64_t i) { return static_cast<const T*>(S_.data() + i * ldS_); };
     kt_.stats_map(nJ_, nR_, ST_.data(), ldST_, line_columns(0, nR_, line), S_.data(), ldS_, shift, w, wc, alpha,
@@ -858,19 +865,12 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
   T* st[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   T* y = nullptr;
   if (p_st >= 0) {
-    const T w[3] = {static_cast<T>(beta[p_st] * eps), static_cast<T>(beta[p_st + 1] * eps),
-                    static_cast<T>(beta[p_st + 2] * eps)};
+    T w[3], wc[2];
+    const T* shift = stats_weights(fs, beta, p_st, eps, w, wc);
     const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
     st[0] = smx_.get(nv), st[1] = smean_.get(nv), st[2] = ssd_.get(nv);
     y = sy_.get(nv);
-    T* shift = nullptr;
-    T wc[2] = {T(0), T(0)};
-    if (fs.cstats) {
-      shift = cmu_.get(round_up(nJ_, kt_.width));
-      column_means(shift);
-      st[3] = smxc_.get(nv), st[4] = svc_.get(nv);
-      wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
-    }
+    if (fs.cstats) st[3] = smxc_.get(nv), st[4] = svc_.get(nv);
     score_stats(st[0], st[1], st[2], w, y, shift, st[3], st[4], wc);
   }
   if (psi) {

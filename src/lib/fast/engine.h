@@ -228,6 +228,9 @@ class Engine {
   Buf<T> cmu_, smxc_, svc_;        // the keys' column means and the centered_stats columns (S' units)
   // c_j = mean over R of S'_ij into c [round_up(nJ, width)] (kernel col_sums).
   void column_means(T* c);
+  // w [3] and wc [2] of the statistics from beta[p_st]; the column means when
+  // centered (engine.cpp).
+  const T* stats_weights(const FeatureSpec<T>& fs, const double* beta, int64_t p_st, double eps, T* w, T* wc);
   // The max, mean and standard deviation of each row of S' over J into mx,
   // mean, sd [nR, each holding round_up(nR, width)] (kernel col_stats on the
   // transposed tile, built here when the row passes will use it, else on
