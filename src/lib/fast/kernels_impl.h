@@ -61,9 +61,19 @@ template <class V>
 inline V vmin(V a, V b) {
   return a < b ? a : b;
 }
+// Scalar square roots as builtins: std::sqrt is a standard-library inline
+// function (see the top of this file), and <cmath> is not included here
+// (nor <algorithm>: smin and smax stand in for std::min and std::max).
+inline float ssqrt(float a) { return __builtin_sqrtf(a); }
+inline double ssqrt(double a) { return __builtin_sqrt(a); }
+
 template <class T>
 inline T smax(T a, T b) {
   return a > b ? a : b;
+}
+template <class T>
+inline T smin(T a, T b) {
+  return a < b ? a : b;
 }
 
 // GCC turns `a > b ? a : b` on vectors into compare + blend unless
@@ -415,11 +425,11 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
     T* o = out + p * K * NR;
-    const int64_t j0 = p * NR, cols = std::min<int64_t>(NR, N - j0);
+    const int64_t j0 = p * NR, cols = smin<int64_t>(NR, N - j0);
     // Only the vectors gemm_nt reads are written: columns past N are zero up
     // to the next multiple of the vector width, the rest of a short last
     // panel is never read (a short sequence's panel is mostly padding).
-    const int64_t wcols = std::min<int64_t>(NR, (cols + W - 1) / W * W);
+    const int64_t wcols = smin<int64_t>(NR, (cols + W - 1) / W * W);
     // W x W blocks transposed in registers (a quarter of a short head's
     // packing time at n = 64 went to the scalar strided loop below), then
     // the edges: k outer, so that every store is contiguous.
@@ -464,7 +474,7 @@ void pack_b(int64_t N, int64_t K, const T* B, int64_t ldb, T alpha, T* out) {
       // stack from scalar stores and loaded back stalled on store forwarding.)
       for (int64_t jv = 0; jv < wcols; jv += W) {
         store(ok + jv, V{});
-        const int64_t e = std::min<int64_t>(W, cols - jv);
+        const int64_t e = smin<int64_t>(W, cols - jv);
         for (int64_t t = 0; t < e; ++t) ok[jv + t] = alpha * bk[(jv + t) * ldb];
       }
     }
@@ -545,7 +555,7 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* 
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
     const T* bp = Bp + p * K * NR;
-    const int64_t cols = std::min<int64_t>(NR, N - p * NR);
+    const int64_t cols = smin<int64_t>(NR, N - p * NR);
     const int nva = static_cast<int>((cols + W - 1) / W);
     // A panel whose last vector holds one column (n = 17, 33, 49, 65 in
     // float32 with AVX-512): that column as a product of rows in lanes
@@ -824,7 +834,7 @@ void transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_
   constexpr int W = Vec<T>::W;
   for (int64_t i = 0; i < rows; i += W)
     for (int64_t j = 0; j < cols; j += W) {
-      const int64_t rr = std::min<int64_t>(W, rows - i), e = std::min<int64_t>(W, cols - j);
+      const int64_t rr = smin<int64_t>(W, rows - i), e = smin<int64_t>(W, cols - j);
       if (rr <= 2) {  // one or two rows: shuffled into place, zeros in the other lanes
         const V r1 = rr == 2 ? load<V>(A + (i + 1) * lda + j) : V{};
         two_row_columns<T>(load<V>(A + i * lda + j), r1, rr, e,
@@ -1578,7 +1588,7 @@ inline void line_stats_sweep(int64_t count, const T* x, const T* shift, T* st) {
   }
   const T inv = T(1) / static_cast<T>(count);
   const T d1 = a1 * inv;
-  st[0] = ms, st[1] = x0 + d1, st[2] = std::sqrt(smax(a2 * inv - d1 * d1, T(0)));
+  st[0] = ms, st[1] = x0 + d1, st[2] = ssqrt(smax(a2 * inv - d1 * d1, T(0)));
   st[3] = mzs, st[4] = T(0);
   if constexpr (kShift) {
     const T e1 = b1 * inv;
