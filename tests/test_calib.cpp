@@ -575,3 +575,64 @@ TEST_CASE("calib: a chunk index that claims more bytes than the file holds is re
                  "dataset '/layers/layers.0.mha/x' records 4294910720 bytes of stored data, more than the whole file "
                  "(39912 bytes): its storage index is damaged, so it is refused"));
 }
+
+namespace {
+
+// Layer 'l0' with x [4, 3, 2] float32 in chunks of [2, 3, 2] (24 floats, 96
+// bytes), written by H5Dwrite_chunk: the first chunk as `first_bytes` bytes,
+// the second whole. `filters_skipped` (with deflate on the dataset) marks the
+// first chunk's filter as skipped, so it counts as unfiltered.
+std::string calib_with_chunk_record(const TempDir& tmp, const std::string& name, size_t first_bytes, bool deflate,
+                                    uint32_t first_mask) {
+  return calib_with_x(tmp, name, [&](H5::Group& g) {
+    hsize_t dims[3] = {4, 3, 2}, chunk[3] = {2, 3, 2};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(3, chunk);
+    if (deflate) pl.setDeflate(4);
+    H5::DataSet ds = g.createDataSet("x", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims), pl);
+    std::vector<float> whole(12, 0.5f);
+    hsize_t off0[3] = {0, 0, 0}, off1[3] = {2, 0, 0};
+    REQUIRE(H5Dwrite_chunk(ds.getId(), H5P_DEFAULT, first_mask, off0, first_bytes, whole.data()) >= 0);
+    REQUIRE(H5Dwrite_chunk(ds.getId(), H5P_DEFAULT, deflate ? 1u : 0u, off1, whole.size() * sizeof(float),
+                           whole.data()) >= 0);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("calib: an unfiltered chunk recorded shorter than a chunk is refused before any read") {
+  TempDir tmp;
+  // Whole chunks: read back as written.
+  asap::CalibFile ok(calib_with_chunk_record(tmp, "whole.h5", 48, false, 0));
+  CHECK(ok.read("l0", 0, 4).x.sum().item<double>() == doctest::Approx(24 * 0.5));
+  // The first chunk recorded as 40 of its 48 bytes: H5Dread would copy 48 bytes out of a 40-byte buffer.
+  const std::string short_path = calib_with_chunk_record(tmp, "short.h5", 40, false, 0);
+  CHECK(
+      error_of([&] { asap::CalibFile cf(short_path); }) ==
+      "calibration file '" + short_path +
+          "': dataset '/layers/l0/x' records its chunk at [0, 0, 0] as 40 bytes, but an unfiltered chunk of [2, 3, 2] "
+          "of float32 holds 48 bytes: its chunk index is damaged, so it is refused");
+  // Deflate on the dataset but skipped for this chunk (filter mask bit 0): as unfiltered.
+  const std::string skipped = calib_with_chunk_record(tmp, "skipped.h5", 40, true, 1u);
+  CHECK(contains(error_of([&] { asap::CalibFile cf(skipped); }),
+                 "records its chunk at [0, 0, 0] as 40 bytes, but an unfiltered chunk of [2, 3, 2] of float32 holds "
+                 "48 bytes"));
+}
+
+TEST_CASE("calib: fuzz_calib's short chunk records are refused, naming file, dataset and chunk") {
+  // Found by the sanitizer stage (2026-12-04): HDF5 1.10.8 read past its own
+  // chunk buffer in H5VM_memcpyvv, inside H5Dread.
+  const std::string dir = std::string(ASAP_SOURCE_DIR) + "/fuzz/regressions/calib/";
+  const auto refusal = [](const std::string& path) {
+    return error_of([&] {
+      asap::CalibFile cf(path);
+      for (const std::string& name : cf.layer_names()) (void)cf.read(name, 0, 1);
+    });
+  };
+  CHECK(contains(refusal(dir + "mask_chunk_recorded_as_0_bytes.h5"),
+                 "dataset '/layers/enc.attn/mask' records its chunk at [0, 0] as 0 bytes, but an unfiltered chunk of "
+                 "[2, 5] of enum (e.g. bool) holds 10 bytes: its chunk index is damaged, so it is refused"));
+  CHECK(contains(refusal(dir + "chunk_recorded_as_9216_of_72192_bytes.h5"),
+                 "dataset '/layers/layers.0.mha/x' records its chunk at [0, 0, 0] as 9216 bytes, but an unfiltered "
+                 "chunk of [6, 94, 32] of float32 holds 72192 bytes"));
+}

@@ -145,6 +145,24 @@ def chunk_index_claiming_4gib_in_a_40kb_file():
     refused_in_one_sentence(path, only={"inspect": [said], "compile --calib": [said], "verify --artifact": CALIB})
 
 
+@test
+def unfiltered_chunks_recorded_short():
+    # fuzz_calib -seed=1 and -seed=2 in a fresh-clone CI run (2026-12-04):
+    # H5Dread copied a whole chunk out of a buffer of the size the damaged
+    # index records (a heap overflow in H5VM_memcpyvv). asapc now checks the
+    # record of every unfiltered chunk first.
+    for name, said in [
+        ("mask_chunk_recorded_as_0_bytes.h5",
+         "dataset '/layers/enc.attn/mask' records its chunk at [0, 0] as 0 bytes, but an unfiltered chunk of [2, 5] "
+         "of enum (e.g. bool) holds 10 bytes: its chunk index is damaged, so it is refused"),
+        ("chunk_recorded_as_9216_of_72192_bytes.h5",
+         "dataset '/layers/layers.0.mha/x' records its chunk at [0, 0, 0] as 9216 bytes, but an unfiltered chunk of "
+         "[6, 94, 32] of float32 holds 72192 bytes: its chunk index is damaged, so it is refused"),
+    ]:
+        path = os.path.join(ROOT, "fuzz", "regressions", "calib", name)
+        refused_in_one_sentence(path, only={"inspect": [said], "compile --calib": [said], "verify --artifact": CALIB})
+
+
 # A calibration file handed to verify as the artifact.
 CALIB = ["is not an asapc artifact: root attribute 'format' is 'asapc-calib', expected 'asapc-artifact'"]
 
