@@ -113,6 +113,11 @@ Engine<T>& thread_engine(const detail::KernelTable<T>& kt, int64_t n, int64_t d,
   return *s.eng;
 }
 
+// One head of a [B, H] batch as drive() hands it over: flat index bh = b * H + h.
+struct Head {
+  int64_t bh, b, h;
+};
+
 // Runs before no heads (drive() without a per-range step).
 struct NoRange {
   void operator()(int64_t, int64_t) const {}
@@ -123,9 +128,20 @@ struct NoRange {
 // template parameters: as std::function objects their captures were a heap
 // allocation each per call.
 template <class T, class PerHead, class PerRange = NoRange>
-void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64_t n, int64_t d, int64_t dv,
+void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t B, int64_t H, int64_t n, int64_t d, int64_t dv,
            const PerHead& per_head, const PerRange& per_range = {}) {
   const bool cache = n <= kCachedEngineMaxN;
+  const int64_t BH = B * H;
+  // The heads b..e-1 with their sequence and head indices counted along
+  // (one division per range: two per head were about 1% of a 3-pass call at
+  // n = 17 on Zen 2, docs/performance.md, "Integer divisions per head").
+  const auto heads = [&](Engine<T>& eng, int64_t b, int64_t e) {
+    Head hd{b, b / H, b % H};
+    for (; hd.bh < e; ++hd.bh) {
+      per_head(eng, static_cast<const Head&>(hd));
+      if (++hd.h == H) hd.h = 0, ++hd.b;
+    }
+  };
   if (ch.head_parallel) {
     const auto run = [&](int64_t b, int64_t e) {
       const detail::FlushDenormals ftz;
@@ -133,7 +149,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
       if (!cache) own = std::make_unique<Engine<T>>(kt, n, d, dv, ch);
       Engine<T>& eng = cache ? thread_engine(kt, n, d, dv, ch) : *own;
       per_range(b, e);
-      for (int64_t bh = b; bh < e; ++bh) per_head(eng, bh);
+      heads(eng, b, e);
     };
     // One head on the calling thread: LibTorch's parallel_for starts the
     // whole team even for one item (about 3 us at n = 17 on the 2-core VM of
@@ -146,7 +162,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t BH, int64
     const detail::FlushDenormals ftz;
     Engine<T> eng(kt, n, d, dv, ch);
     per_range(0, BH);
-    for (int64_t bh = 0; bh < BH; ++bh) per_head(eng, bh);
+    heads(eng, 0, BH);
   }
 }
 
@@ -295,9 +311,10 @@ TeacherResult teacher_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   const T eps = static_cast<T>(c.eps);
   const T log_mult = c.multiply_by_n ? static_cast<T>(std::log(static_cast<double>(n))) : T(0);
   drive<T>(
-      kt, ch, B * H, n, d, dv,
-      [&](Engine<T>& eng, int64_t bh) {
-        const Active& a = act[bh / H];
+      kt, ch, B, H, n, d, dv,
+      [&](Engine<T>& eng, const Head& hd) {
+        const int64_t bh = hd.bh;
+        const Active& a = act[hd.b];
         eng.load(qp + bh * n * d, kp + bh * n * d, vp ? vp + bh * n * dv : nullptr, a, scale / c.eps);
         const int64_t nR = eng.rows(), nJ = eng.keys();
         ThreadScratch<T>& ts = thread_scratch<T>();
@@ -422,9 +439,10 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
     }
   };
   drive<T>(
-      kt, ch, B * H, n, d, dv,
-      [&](Engine<T>& eng, int64_t bh) {
-        const Active& a = act[bh / H];
+      kt, ch, B, H, n, d, dv,
+      [&](Engine<T>& eng, const Head& hd) {
+        const int64_t bh = hd.bh;
+        const Active& a = act[hd.b];
         const T* qh = qp + bh * n * d;
         eng.load(qh, kp + bh * n * d, vp + bh * n * dv, a, scale / eps);
         const int64_t nR = eng.rows(), nJ = eng.keys();
@@ -435,7 +453,7 @@ LayerOutput layer_impl(const CompiledLayer& L, const at::Tensor& q, const at::Te
         T* ph = php ? ts.get(3, nR) : nullptr;
         T* ps = psp ? ts.get(4, P * nR) : nullptr;
         if (!every_row) query_alpha(kt, qh, a, d, scale, alpha);
-        const double* beta = cp + (per_head ? (bh % H) * P : 0);
+        const double* beta = cp + (per_head ? hd.h * P : 0);
         HeadOut<T> out{Op + bh * n * dv, Ap ? Ap + bh * n * n : nullptr};
         eng.asap_map(fs, beta, eps, alpha, closures, log_mult, fh, gh, out, ph, ps);
         if (ph) {
@@ -476,8 +494,9 @@ at::Tensor features_impl(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   T* out = Psi.data_ptr<T>();
-  drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
-    const Active& a = act[bh / H];
+  drive<T>(kt, ch, B, H, n, d, 0, [&](Engine<T>& eng, const Head& hd) {
+    const int64_t bh = hd.bh;
+    const Active& a = act[hd.b];
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps, fs.needs_scores());
     const int64_t nR = eng.rows();
@@ -508,8 +527,9 @@ at::Tensor closure_errors_impl(const at::Tensor& q, const at::Tensor& k, const a
   const T* pp = phi.data_ptr<T>();
   double* op = out.data_ptr<double>();
   const double eps = c.eps;
-  drive<T>(kt, ch, B * H, n, d, 0, [&](Engine<T>& eng, int64_t bh) {
-    const Active& a = act[bh / H];
+  drive<T>(kt, ch, B, H, n, d, 0, [&](Engine<T>& eng, const Head& hd) {
+    const int64_t bh = hd.bh;
+    const Active& a = act[hd.b];
     const T* qh = qp + bh * n * d;
     eng.load(qh, kp + bh * n * d, nullptr, a, scale / eps);
     const int64_t nR = eng.rows(), nJ = eng.keys();

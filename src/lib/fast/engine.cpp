@@ -143,6 +143,7 @@ Engine<T>::Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, co
   log_a_ = static_cast<T>(-std::log(static_cast<double>(n_)));
   log_b_ = log_a_;
   ASAP_ASSERT(kt.width > 0 && (kt.width & (kt.width - 1)) == 0);  // vector_columns
+  ASAP_ASSERT(kt.nt_nr % kt.width == 0);  // whole vectors within a panel-padded row (col_pass)
   scratch_.resize(std::max(1, ch.threads));
 }
 
@@ -166,14 +167,35 @@ void Engine<T>::pfor(int64_t count, const F& fn) {
 }
 
 template <class T>
+void Engine<T>::set_geometry() {
+  Geometry& g = geo_;
+  g.nR = nR_, g.nJ = nJ_;
+  const int64_t NR = kt_.nt_nr, W = kt_.width, CR = ch_.chunk_rows;
+  const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
+  g.ldS = round_up(nJ_, NR);
+  g.nRw = round_up(nR_, W);
+  g.nJw = round_up(nJ_, W);
+  g.row_chunks = (nR_ + CR - 1) / CR;
+  g.col_bw = std::max<int64_t>(round_up((nJ_ + nb_want - 1) / nb_want, NR), 1);
+  g.col_nb = (nJ_ + g.col_bw - 1) / g.col_bw;
+  g.rowt_bw = std::max<int64_t>(round_up((nR_ + nb_want - 1) / nb_want, W), 1);
+  g.rowt_nb = (nR_ + g.rowt_bw - 1) / g.rowt_bw;
+  // The final column pass's scales go into whichever costs less: E's
+  // columns in place (a load, a multiply and a store per vector of E) or V's
+  // rows as the output GEMM loads them (one multiply per vector of V, but
+  // again for every micro tile of rows); see col_pass.
+  g.scale_e = 3 * nR_ * ((nJ_ + W - 1) / W) < gemm_row_tiles(nR_) * nJ_ * (dvp_ / W);
+}
+
+template <class T>
 void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, double s_eps, bool need_scores) {
   if (!at::in_parallel_region() && at::get_num_threads() > static_cast<int>(scratch_.size()))
     scratch_.resize(static_cast<size_t>(at::get_num_threads()));
   act_ = &act;
   nR_ = static_cast<int64_t>(act.rows.size());
   nJ_ = static_cast<int64_t>(act.keys.size());
-  const int64_t NR = kt_.nt_nr;
-  ldS_ = round_up(nJ_, NR);
+  if (nR_ != geo_.nR || nJ_ != geo_.nJ) set_geometry();
+  ldS_ = geo_.ldS;
   // The rows and keys that take part, contiguous (the inputs themselves when all do).
   auto gather = [&](const T* src, int64_t run, const std::vector<int64_t>& idx, Buf<T>& buf) -> const T* {
     if (run >= 0) return src + run * d_;  // consecutive tokens (all of them, or a padded sequence's)
@@ -206,14 +228,13 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   // passes on the transposed tile, cmax and csum of column passes). Column
   // blocks start on whole vectors (their width is rounded to the vector or
   // the panel), so a block's rounded count ends within these sizes.
-  const int64_t W = kt_.width;
-  lse_.get(round_up(nR_, W));
-  z_.get(round_up(nR_, W));
+  lse_.get(geo_.nRw);
+  z_.get(geo_.nRw);
   rs_.get(nR_);
   radd_.get(nR_);
-  cmax_.get(round_up(nJ_, W));
-  csum_.get(round_up(nJ_, W));
-  cs_.get(nJ_);
+  cmax_.get(geo_.nJw);
+  csum_.get(geo_.nJw);
+  cs_.get(geo_.nJw);  // whole vectors: the final column pass scales E's last one whole
   // Row passes on the transposed tile when they pay (asap_bench, docs/performance.md,
   // "Row passes on the transposed tile"): from kTransposedMinRows rows (fast.h)
   // to 100 keys (at 128 they gain nothing, at 256 they lose).
@@ -224,8 +245,8 @@ void Engine<T>::load(const T* q, const T* k, const T* v, const Active& act, doub
   if (ch_.store) {
     T* S = S_.get(nR_ * ldS_);
     if (need_scores) {
-      const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
-      pfor(nch, [&](int64_t c, int) {
+      const int64_t CR = ch_.chunk_rows;
+      pfor(geo_.row_chunks, [&](int64_t c, int) {
         const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
         kt_.gemm_nt(r1 - r0, nJ_, d_, qa_ + r0 * d_, d_, kp, S + r0 * ldS_, ldS_);
       });
@@ -280,9 +301,8 @@ void Engine<T>::emit(int64_t r0, int64_t r1, const T* E, int64_t lde, const T* r
 
 template <class T>
 template <class Chunk, class Line>
-void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m,
-                                 T* mx, T* sm, T* out, const Chunk& chunk, const Line& line) {
-  const int64_t nb = (ncols + bw - 1) / bw;
+void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t nb, int64_t chunk_rows,
+                                 const T* radd, T log_m, T* mx, T* sm, T* out, const Chunk& chunk, const Line& line) {
   pfor(nb, [&](int64_t b, int tid) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
     kt_.lse_start(mx + c0, sm + c0, c1 - c0);
@@ -304,9 +324,8 @@ void Engine<T>::lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64
 
 template <class T>
 template <class Block, class Line>
-void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m,
-                                 T* mx, T* sm, T* out, const Block& block, const Line& line) {
-  const int64_t nb = (ncols + bw - 1) / bw;
+void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, int64_t nb, const T* radd,
+                                 T log_m, T* mx, T* sm, T* out, const Block& block, const Line& line) {
   const int64_t CR = kColChunkRows;
   pfor(nb, [&](int64_t b, int) {
     const int64_t c0 = b * bw, c1 = std::min(ncols, c0 + bw);
@@ -333,7 +352,7 @@ void Engine<T>::exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols
 template <class T>
 void Engine<T>::build_transposed() {
   // The same values as S' (a copy), so both layouts give one score tile.
-  ldST_ = round_up(nR_, kt_.width);
+  ldST_ = geo_.nRw;
   T* ST = ST_.get(nJ_ * ldST_);
   kt_.transpose(nR_, nJ_, S_.data(), ldS_, ST, ldST_);
   st_ready_ = true;
@@ -341,7 +360,7 @@ void Engine<T>::build_transposed() {
 
 template <class T>
 void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut<T>& out) {
-  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  const int64_t CR = ch_.chunk_rows, nch = geo_.row_chunks;
   T* lse = lse_.data();
   T* z = z_.data();
   // Row passes on the transposed tile run as column passes over S'^T: f' =
@@ -352,14 +371,13 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
   // n = 17 (docs/performance.md, "The final row pass on the transposed tile").
   if (use_st_) {
     if (!st_ready_) build_transposed();
-    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
-    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, kt_.width);
+    const int64_t bw = geo_.rowt_bw, nb = geo_.rowt_nb;
     T* ST = ST_.data();
     // Column i of S'^T is row i of S' (contiguous): the tail's line.
     const auto line = [this](int64_t i) { return static_cast<const T*>(S_.data() + i * ldS_); };
     if (!final) {
       lse_down_columns(
-          nJ_, nR_, bw, kColChunkRows, g, log_a_, lse, z, f,
+          nJ_, nR_, bw, nb, kColChunkRows, g, log_a_, lse, z, f,
           [&](int64_t r0, int64_t, int64_t c0, int64_t, int, int64_t* ld) {
             *ld = ldST_;
             return static_cast<const T*>(ST + r0 * ldST_ + c0);
@@ -370,7 +388,7 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
     const double row_mass = std::exp(static_cast<double>(log_mult) + static_cast<double>(log_a_));
     T* rs = rs_.data();
     exp_down_columns(
-        ST, ldST_, nJ_, nR_, bw, g, log_a_, lse, z, f,
+        ST, ldST_, nJ_, nR_, bw, nb, g, log_a_, lse, z, f,
         [&](int64_t c0, int64_t c1) {
           for (int64_t r = c0; r < c1; ++r) rs[r] = static_cast<T>(row_mass / static_cast<double>(z[r]));
         },
@@ -404,10 +422,8 @@ void Engine<T>::row_pass(const T* g, T* f, bool final, T log_mult, const HeadOut
 
 template <class T>
 void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut<T>& out) {
-  const int64_t NR = kt_.nt_nr;
   // Column blocks: one per thread (panel aligned), or the whole width.
-  const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
-  const int64_t bw = round_up((nJ_ + nb_want - 1) / nb_want, NR);
+  const int64_t bw = geo_.col_bw, nb = geo_.col_nb;
   T* cmax = cmax_.data();
   T* csum = csum_.data();
   T* cs = cs_.data();
@@ -436,24 +452,30 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
     // V's rows once, as before, kept n = 50-64 in the GEMM: "The final column
     // pass's scales by their cost").
     T* S = S_.data();
-    const int64_t W = kt_.width;
-    const bool scale_e = has_v_ && 3 * nR_ * ((nJ_ + W - 1) / W) < gemm_row_tiles(nR_) * nJ_ * (dvp_ / W);
+    const bool scale_e = has_v_ && geo_.scale_e;
     exp_down_columns(
-        S, ldS_, nR_, nJ_, bw, f, log_b_, cmax, csum, g,
+        S, ldS_, nR_, nJ_, bw, nb, f, log_b_, cmax, csum, g,
         [&](int64_t c0, int64_t c1) {
           for (int64_t j = c0; j < c1; ++j) cs[j] = static_cast<T>(col_mass / static_cast<double>(csum[j]));
-          if (scale_e) kt_.scale_cols(nR_, c1 - c0, S + c0, ldS_, cs + c0);
+          if (!scale_e) return;
+          // A partial last vector is scaled whole, with zeros past the last key:
+          // blocks start on panels, so only the last block has one, and its
+          // columns past nJ are the tile's padding, which nothing reads (the
+          // scalar tail was about a sixth of scale_cols at n = 17, d = 64).
+          const int64_t W = kt_.width, cw = (c1 - c0 + W - 1) & ~(W - 1);
+          for (int64_t j = c1; j < c0 + cw; ++j) cs[j] = T(0);
+          kt_.scale_cols(nR_, cw, S + c0, ldS_, cs + c0);
         },
         st_line);
-    const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
-    pfor(nch, [&](int64_t c, int tid) {
+    const int64_t CR = ch_.chunk_rows;
+    pfor(geo_.row_chunks, [&](int64_t c, int tid) {
       const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
       emit(r0, r1, S + r0 * ldS_, ldS_, nullptr, scale_e ? nullptr : cs, vrows_, scale_e ? nullptr : cs, tid, out);
     });
     return;
   }
   lse_down_columns(
-      nR_, nJ_, bw, CRc, f, log_b_, cmax, csum, g,
+      nR_, nJ_, bw, nb, CRc, f, log_b_, cmax, csum, g,
       [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int tid, int64_t* ld) {
         return static_cast<const T*>(tile(r0, r1, c0, c1, tid, ld));
       },
@@ -462,8 +484,8 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
   // Recomputed tiles: a plan pass with both duals.
   T* radd = radd_.data();
   for (int64_t r = 0; r < nR_; ++r) radd[r] = f[r] + log_mult;
-  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
-  pfor(nch, [&](int64_t c, int tid) {
+  const int64_t CR = ch_.chunk_rows;
+  pfor(geo_.row_chunks, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
     int64_t ld;
     T* t = tile(r0, r1, 0, nJ_, tid, &ld);
@@ -499,7 +521,7 @@ void Engine<T>::closures(int k, T log_mult, T* f, T* g, const HeadOut<T>& out) {
 
 template <class T>
 void Engine<T>::cache_plan(const T* fq, const T* gq) {
-  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  const int64_t CR = ch_.chunk_rows, nch = geo_.row_chunks;
   T* Q = Qc_.get(nR_ * ldS_);
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR);
@@ -511,7 +533,7 @@ void Engine<T>::cache_plan(const T* fq, const T* gq) {
 
 template <class T>
 void Engine<T>::plan_distance(const T* f, const T* g, const T* fq, const T* gq, double* num, double* den) {
-  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  const int64_t CR = ch_.chunk_rows, nch = geo_.row_chunks;
   std::vector<double> nums(nch, 0.0), dens(nch, 0.0);  // per chunk, summed in order: deterministic
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), rows = r1 - r0;
@@ -652,7 +674,7 @@ double Engine<T>::gather_acc(double* out) {
 template <class T>
 void Engine<T>::column_means(T* c) {
   // Column sums of the tile (the stored one, or recomputed chunks of rows).
-  const int64_t nv = round_up(nJ_, kt_.width), CR = ch_.chunk_rows;
+  const int64_t nv = geo_.nJw, CR = ch_.chunk_rows;
   for (int64_t j = 0; j < nv; ++j) c[j] = T(0);
   for (int64_t r0 = 0; r0 < nR_; r0 += CR) {
     const int64_t r1 = std::min(nR_, r0 + CR);
@@ -669,8 +691,7 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
   const int64_t W = kt_.width;
   if (use_st_) {
     if (!st_ready_) build_transposed();
-    const int64_t nb_want = ch_.threads > 1 ? ch_.threads : 1;
-    const int64_t bw = round_up((nR_ + nb_want - 1) / nb_want, W), nb = (nR_ + bw - 1) / bw;
+    const int64_t bw = geo_.rowt_bw, nb = geo_.rowt_nb;
     const T* ST = ST_.data();
     // A tail of one or two rows past the block's last whole vector of lanes
     // as lines of S' (line_stats), as the row passes take them (col_line).
@@ -690,7 +711,7 @@ void Engine<T>::score_stats(T* mx, T* mean, T* sd, const T* w, T* y, const T* sh
   // outputs go to scratch too (a chunk need not end on a vector), then the
   // chunk's rows are copied out. One chunk (short sequences) writes the
   // outputs in place: they hold round_up(nR, width) each.
-  const int64_t CR = ch_.chunk_rows, nch = (nR_ + CR - 1) / CR;
+  const int64_t CR = ch_.chunk_rows, nch = geo_.row_chunks;
   pfor(nch, [&](int64_t c, int tid) {
     const int64_t r0 = c * CR, r1 = std::min(nR_, r0 + CR), ldt = round_up(r1 - r0, W);
     const bool direct = nch == 1;
@@ -748,11 +769,11 @@ void Engine<T>::features(const FeatureSpec<T>& fs, double eps, const T* alpha, T
   }
   if (fs.stats) {
     // Row statistics of S = eps S' over J (reference: build_features).
-    const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
+    const int64_t nv = geo_.nRw;  // col_stats writes whole vectors
     T* st[5] = {smx_.get(nv), smean_.get(nv), ssd_.get(nv), nullptr, nullptr};
     T* shift = nullptr;
     if (fs.cstats) {
-      shift = cmu_.get(round_up(nJ_, kt_.width));
+      shift = cmu_.get(geo_.nJw);
       column_means(shift);
       st[3] = smxc_.get(nv), st[4] = svc_.get(nv);
     }
@@ -783,7 +804,7 @@ const T* Engine<T>::stats_weights(const FeatureSpec<T>& fs, const double* beta, 
   for (int c = 0; c < 3; ++c) w[c] = static_cast<T>(beta[p_st + c] * eps);
   wc[0] = wc[1] = T(0);
   if (!fs.cstats) return nullptr;
-  T* shift = cmu_.get(round_up(nJ_, kt_.width));
+  T* shift = cmu_.get(geo_.nJw);
   column_means(shift);
   wc[0] = static_cast<T>(beta[p_st + 3] * eps), wc[1] = static_cast<T>(beta[p_st + 4] * eps * eps);
   return shift;
@@ -867,7 +888,7 @@ void Engine<T>::asap_map(const FeatureSpec<T>& fs, const double* beta, double ep
   if (p_st >= 0) {
     T w[3], wc[2];
     const T* shift = stats_weights(fs, beta, p_st, eps, w, wc);
-    const int64_t nv = round_up(nR_, kt_.width);  // col_stats writes whole vectors
+    const int64_t nv = geo_.nRw;  // col_stats writes whole vectors
     st[0] = smx_.get(nv), st[1] = smean_.get(nv), st[2] = ssd_.get(nv);
     y = sy_.get(nv);
     if (fs.cstats) st[3] = smxc_.get(nv), st[4] = svc_.get(nv);

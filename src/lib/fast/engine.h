@@ -180,6 +180,23 @@ class Engine {
   Choice ch_;
   const Active* act_ = nullptr;
   int64_t nR_ = 0, nJ_ = 0, ldS_ = 0;
+  // What the passes derive from a head's shape (nR, nJ) by integer
+  // division, kept while consecutive heads have the same shape (every head of
+  // an unmasked batch): the divisors (panel, vector, chunk widths, threads)
+  // are run-time values, so each was a 64-bit division of 14-46 cycles on
+  // Zen 2, about 20 of them in a 3-pass head, 2-4% of a call at n = 17
+  // (docs/performance.md, "Integer divisions per head"). Set by load().
+  struct Geometry {
+    int64_t nR = -1, nJ = -1;
+    int64_t ldS = 0;                   // nJ rounded up to the panel (nt_nr)
+    int64_t nRw = 0, nJw = 0;          // nR and nJ rounded up to the vector width
+    int64_t row_chunks = 0;            // chunks of chunk_rows rows over R
+    int64_t col_bw = 0, col_nb = 0;    // column blocks of a column pass (panel multiples, one per thread)
+    int64_t rowt_bw = 0, rowt_nb = 0;  // blocks of R for passes on the transposed tile (vector multiples)
+    bool scale_e = false;              // a final column pass scales E's columns rather than V's rows
+  };
+  Geometry geo_;
+  void set_geometry();
   T log_a_ = 0, log_b_ = 0;
   bool has_v_ = false;
   const T* qa_ = nullptr;  // [nR, d]
@@ -197,23 +214,23 @@ class Engine {
   void build_transposed();
   // out[c] = log_m - LSE_r(M[r, c] + radd[r]) over the columns of an [nrows x
   // ncols] matrix (a column pass on S', a row pass on S'^T), in blocks of bw
-  // columns over the threads and chunks of rows; chunk(r0, r1, c0, c1, tid, &ld)
+  // columns (nb blocks) over the threads and chunks of rows; chunk(r0, r1, c0, c1, tid, &ld)
   // gives that part of M. mx, sm: per-column scratch (running max and sum).
   // line(c) is column c of M as a contiguous line of nrows (the tile's other
   // layout), or nullptr: a tail of one or two columns past the last whole
   // vector then goes to col_line instead of a scalar loop down the rows.
   template <class Chunk, class Line>
-  void lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t chunk_rows, const T* radd, T log_m, T* mx,
-                        T* sm, T* out, const Chunk& chunk, const Line& line);
+  void lse_down_columns(int64_t nrows, int64_t ncols, int64_t bw, int64_t nb, int64_t chunk_rows, const T* radd,
+                        T log_m, T* mx, T* sm, T* out, const Chunk& chunk, const Line& line);
   // The end of a final pass over the columns of M [nrows x ncols] (ldm; S'
-  // for a column pass, S'^T for a row pass), in blocks of bw columns over the
+  // for a column pass, S'^T for a row pass), in nb blocks of bw columns over the
   // threads: the exact column maxima mx of M + radd, then M = exp(M + radd -
   // mx) in place with the column sums sm, out = log_m - mx - log(sm), and
   // block(c0, c1) for each block's scales. line: as for lse_down_columns
   // (col_line then also writes the tail's columns of E).
   template <class Block, class Line>
-  void exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, const T* radd, T log_m, T* mx,
-                        T* sm, T* out, const Block& block, const Line& line);
+  void exp_down_columns(T* M, int64_t ldm, int64_t nrows, int64_t ncols, int64_t bw, int64_t nb, const T* radd, T log_m,
+                        T* mx, T* sm, T* out, const Block& block, const Line& line);
   // Of a block [c0, c1) of columns, how many trailing ones col_line takes:
   // the one or two past the last whole vector that the column kernels would
   // take one by one (vector_columns), when line gives them; else none.
