@@ -143,7 +143,7 @@ Engine<T>::Engine(const KernelTable<T>& kt, int64_t n, int64_t d, int64_t dv, co
   log_a_ = static_cast<T>(-std::log(static_cast<double>(n_)));
   log_b_ = log_a_;
   ASAP_ASSERT(kt.width > 0 && (kt.width & (kt.width - 1)) == 0);  // vector_columns
-  ASAP_ASSERT(kt.nt_nr % kt.width == 0);  // whole vectors within a panel-padded row (col_pass)
+  ASAP_ASSERT(kt.nt_nr % kt.width == 0);                          // whole vectors within a panel-padded row (col_pass)
   scratch_.resize(std::max(1, ch.threads));
 }
 
