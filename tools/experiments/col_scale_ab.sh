@@ -2,9 +2,10 @@
 # Where the final column pass's scales go, compared in one build: with
 # tools/experiments/col_scale_switch.patch applied (git apply, then cmake
 # --build build), ASAP_XP=0 is the default choice, 1 scales E's columns in
-# place, 2 multiplies a copy of V's rows. Without the patch the three runs are
-# the same code, and their ratios are the noise. (The patch applies to commit
-# 060094a; later changes to src/lib/fast/engine.cpp may need it rebased.)
+# place, 2 multiplies a copy of V's rows, 3 scales V's rows in the output GEMM.
+# Without the patch the runs are the same code, and their ratios are the noise.
+# (The patch applies to commit d53a35c, rebased there from 060094a; later
+# changes to src/lib/fast/engine.cpp may need it rebased again.)
 # Prints, per n and operator, the least time over ROUNDS rounds (the three
 # switches alternate within a round) and its ratio to ASAP_XP=0
 # (docs/performance.md, "Issue 24 on an AMD EPYC family 25 model 17").
