@@ -52,6 +52,11 @@ def division_samples(data, rows, top=60):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
+    for f in sys.argv[1:3]:
+        try:
+            open(f, "rb").close()
+        except OSError as e:
+            sys.exit("perf_diff.py: expected a perf.data file at '%s', found none (%s)" % (f, e.strerror))
     a, b = symbols(sys.argv[1]), symbols(sys.argv[2])
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 25
     print("samples: %d (%s), %d (%s)" % (sum(a.values()), sys.argv[1], sum(b.values()), sys.argv[2]))

@@ -138,7 +138,7 @@ void drive(const detail::KernelTable<T>& kt, const Choice& ch, int64_t B, int64_
   const auto heads = [&](Engine<T>& eng, int64_t b, int64_t e) {
     Head hd{b, b / H, b % H};
     for (; hd.bh < e; ++hd.bh) {
-      per_head(eng, static_cast<const Head&>(hd));
+      per_head(eng, hd);
       if (++hd.h == H) hd.h = 0, ++hd.b;
     }
   };

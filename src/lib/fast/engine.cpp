@@ -460,8 +460,9 @@ void Engine<T>::col_pass(const T* f, T* g, bool final, T log_mult, const HeadOut
           if (!scale_e) return;
           // A partial last vector is scaled whole, with zeros past the last key:
           // blocks start on panels, so only the last block has one, and its
-          // columns past nJ are the tile's padding, which nothing reads (the
-          // scalar tail was about a sixth of scale_cols at n = 17, d = 64).
+          // columns past nJ are the tile's padding, which nothing reads (with
+          // the scalar tail, scale_cols had 339 samples against 282 now, in two
+          // profiles at n = 17, d = 64; docs/performance.md).
           const int64_t W = kt_.width, cw = (c1 - c0 + W - 1) & ~(W - 1);
           for (int64_t j = c1; j < c0 + cw; ++j) cs[j] = T(0);
           kt_.scale_cols(nR_, cw, S + c0, ldS_, cs + c0);
