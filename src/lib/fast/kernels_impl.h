@@ -1338,7 +1338,7 @@ void row_sqnorm_t(int64_t r0, int64_t count, const Row& row, const T* q, int64_t
       D v;
       if constexpr (sizeof(T) == 4) {
         typedef float H __attribute__((vector_size(ASAP_VBYTES / 2)));
-        v = __builtin_convertvector(load<H>(x + c), D);
+        v = widen_half<D>(load<H>(x + c));
       } else {
         v = load<D>(x + c);
       }
@@ -1417,7 +1417,7 @@ void map_tail(int64_t n, const T* alpha, const T* f1, const T* f3, const T* y, T
   for (; r + W <= n; r += W) {
     if constexpr (sizeof(T) == 4) {
       typedef float H __attribute__((vector_size(ASAP_VBYTES / 2)));
-      acc += __builtin_convertvector(load<H>(x + r), D) + __builtin_convertvector(load<H>(x + r + W / 2), D);
+      acc += widen_half<D>(load<H>(x + r)) + widen_half<D>(load<H>(x + r + W / 2));
     } else {
       acc += load<V>(x + r);
     }

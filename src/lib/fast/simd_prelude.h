@@ -23,6 +23,25 @@ inline void store(T* p, const V& v) {
   __builtin_memcpy(p, &v, sizeof(V));
 }
 
+// Half a vector of floats (H, ASAP_VBYTES / 2 bytes) widened to a vector of
+// doubles (D, ASAP_VBYTES): one vcvtps2pd. GCC 12 splits
+// __builtin_convertvector of 8 floats into two 4-float conversions and an
+// insert with AVX-512, and of 4 floats with AVX2 into two 2-float
+// conversions, the upper pair stored to the stack and reloaded (the sorting
+// networks' potentials 1-2% faster without: docs/performance.md, "Integer
+// divisions per head"). The includer provides <immintrin.h> on x86.
+template <class D, class H>
+inline D widen_half(H x) {
+  static_assert(sizeof(D) == 2 * sizeof(H), "a half vector of floats to a vector of doubles");
+#if ASAP_VBYTES == 64 && (defined(__x86_64__) || defined(__i386__))
+  return bits_as<D>(_mm512_cvtps_pd(bits_as<__m256>(x)));
+#elif ASAP_VBYTES == 32 && (defined(__x86_64__) || defined(__i386__))
+  return bits_as<D>(_mm256_cvtps_pd(bits_as<__m128>(x)));
+#else
+  return __builtin_convertvector(x, D);
+#endif
+}
+
 // log2 of a vector width (1 for a single lane: one round that does nothing).
 constexpr int log2_width(int W) { return W <= 2 ? 1 : 1 + log2_width(W / 2); }
 

@@ -67,21 +67,8 @@ inline I64 skey(D x) {
 inline F key_value(I32 s) { return bits_as<F>(s ^ ((s >> 31) & 0x7FFFFFFF)); }
 inline D key_value(I64 s) { return bits_as<D>(s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFFll)); }
 
-// W64 floats widened to doubles: one vcvtps2pd. GCC 12 splits
-// __builtin_convertvector of 8 floats into two 4-float conversions and an
-// insert with AVX-512, and of 4 floats with AVX2 into two 2-float
-// conversions, the upper pair stored to the stack and reloaded (the
-// network path's potentials 1-2% faster without: docs/performance.md,
-// "Integer divisions per head").
-inline D widen(Fh x) {
-#if ASAP_VBYTES == 64 && (defined(__x86_64__) || defined(__i386__))
-  return bits_as<D>(_mm512_cvtps_pd(bits_as<__m256>(x)));
-#elif ASAP_VBYTES == 32 && (defined(__x86_64__) || defined(__i386__))
-  return bits_as<D>(_mm256_cvtps_pd(bits_as<__m128>(x)));
-#else
-  return __builtin_convertvector(x, D);
-#endif
-}
+// W64 floats widened to doubles: one vcvtps2pd (simd_prelude.h).
+inline D widen(Fh x) { return widen_half<D>(x); }
 
 template <class H, class V, size_t... I>
 inline H lower_half(V v, std::index_sequence<I...>) {
