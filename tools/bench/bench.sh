@@ -41,7 +41,13 @@
 # against the fused teacher T = 6, about the most a p-pass operator gains
 # over it at that shape (tools/bench/overhead_report.py). --quick: n = 17 and 50,
 # d = 16, ACTIVE only. The timings (median per operator) to $OUT when OUT is
-# set (docs/bench_overhead.json).
+# set (docs/bench_overhead.json). COPIES (default 3; 1 with --quick): each
+# setting is run once per fresh copy of the libasap that asap_bench loads
+# (through LD_LIBRARY_PATH), back to back, and each operator's time is the
+# median over the copies: where a library file's pages land in memory moves
+# some operators by 2-3% for as long as that file is cached, the same bytes
+# in another file by as much the other way (docs/performance.md, "Where the
+# library's pages land").
 #
 #   tools/bench/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
 #
@@ -104,10 +110,22 @@ fi
 if [ "${1:-}" = "--overhead" ]; then
   shift
   NS="17,32,50,64,128" DS="16 64" POLICIES="active passive"
-  if [ "${1:-}" = "--quick" ]; then shift; NS="17,50" DS="16" POLICIES="active"; fi
+  COPIES=${COPIES:-3}
+  if [ "${1:-}" = "--quick" ]; then shift; NS="17,50" DS="16" POLICIES="active" COPIES=${COPIES_QUICK:-1}; fi
+  case $COPIES in '' | *[!0-9]* | 0) echo "bench.sh: expected COPIES a whole number >= 1, found '$COPIES'" >&2; exit 2 ;; esac
   echo "machine: $(lscpu | sed -n 's/^Model name:[ ]*//p' | head -1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   TMPD=$(mktemp -d)
   trap 'rm -rf "$TMPD"' EXIT
+  # The libasap asap_bench loads (its soname's file, symlinks resolved),
+  # copied once per copy into a directory of its own.
+  LIB=$(ldd "$BENCH" | sed -n 's/^[[:space:]]*\(libasap\.so[^ ]*\) => \([^ ]*\) .*/\1 \2/p' | head -1)
+  [ -n "$LIB" ] || { echo "bench.sh: expected $BENCH to load a libasap.so, ldd lists none" >&2; exit 1; }
+  c=1
+  while [ "$c" -le "$COPIES" ]; do
+    mkdir -p "$TMPD/lib$c"
+    cp "$(readlink -f "${LIB#* }")" "$TMPD/lib$c/${LIB%% *}"
+    c=$((c + 1))
+  done
   OPS=teacher_fast_6,sinkhorn_1,sinkhorn_2,sinkhorn_3,sinkhorn_4,sinkhorn_5,sinkhorn_6
   OPS=$OPS,asap_1,asap_3,asap_st_1,asap_st_3,asap_cst_1,asap_cst_3
   OPS=$OPS,asap_sm_1,asap_sm_3
@@ -117,12 +135,19 @@ if [ "${1:-}" = "--overhead" ]; then
     for d in $DS; do
       for slices in 0 16; do
         i=$((i + 1))
-        echo "  running: OMP_WAIT_POLICY=$policy d=$d slices=$slices n=$NS" >&2
-        # shellcheck disable=SC2086
-        "$BENCH" --wait-policy $policy --n "$NS" --bh 16x4 --d "$d" --slices "$slices" --T 6 --k 1,2,3,4,5,6 \
-          --only "$OPS" --reps 201 --no-mem --json "$TMPD/$i.json" "$@" > /dev/null 2>&1 \
-          || { echo "bench.sh: asap_bench failed (policy $policy, d $d, slices $slices)" >&2; exit 1; }
-        echo "$policy $d $slices $TMPD/$i.json" >> "$TMPD/index"
+        line="$policy $d $slices"
+        c=1
+        while [ "$c" -le "$COPIES" ]; do
+          echo "  running: OMP_WAIT_POLICY=$policy d=$d slices=$slices n=$NS (library copy $c of $COPIES)" >&2
+          # shellcheck disable=SC2086
+          LD_LIBRARY_PATH="$TMPD/lib$c${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$BENCH" --wait-policy $policy --n "$NS" \
+            --bh 16x4 --d "$d" --slices "$slices" --T 6 --k 1,2,3,4,5,6 --only "$OPS" --reps 201 --no-mem \
+            --json "$TMPD/$i.$c.json" "$@" > /dev/null 2>&1 \
+            || { echo "bench.sh: asap_bench failed (policy $policy, d $d, slices $slices)" >&2; exit 1; }
+          line="$line $TMPD/$i.$c.json"
+          c=$((c + 1))
+        done
+        echo "$line" >> "$TMPD/index"
       done
     done
   done

@@ -2,8 +2,12 @@
 
     overhead_report.py INDEX [OUT]
 
-INDEX lists one asap_bench run per line: `POLICY D SLICES PATH` (PATH the
-run's --json). Prints, per run, every ASAP family with k closures against
+INDEX lists one setting per line: `POLICY D SLICES PATH [PATH...]` (each
+PATH an asap_bench run's --json of that setting; with several, each
+operator's time is the median over the runs: bench.sh runs each setting once
+per fresh copy of libasap, whose pages' placement in memory moves some
+operators by a few percent, docs/performance.md, "Where the library's pages
+land"). Prints, per run, every ASAP family with k closures against
 Sinkhorn T' = its passes; then, per setting, the largest ratio over
 n = 17-64 of the families whose passes are all log-sum-exp passes (targets:
 slice-free 1.05x, 16 slices 1.25x), and of alpha+stats against T' = k and
@@ -23,19 +27,48 @@ def fail(msg):
     sys.exit(2)
 
 
-def load_run(index, line):
-    """One index line: (policy, d, slices, the run's JSON); one sentence and exit 2 when it is not one."""
-    parts = line.split()
-    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
-        fail("%s: expected lines 'POLICY D SLICES PATH', found %r" % (index, line.strip()))
+def read_run(index, path):
+    """One asap_bench --json run; one sentence and exit 2 when it is not one."""
     try:
-        with open(parts[3]) as f:
+        with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        fail("%s: cannot read the asap_bench run '%s' (%s)" % (index, parts[3], e))
+        fail("%s: cannot read the asap_bench run '%s' (%s)" % (index, path, e))
     if not isinstance(data, dict) or "results" not in data or "machine" not in data:
         fail("'%s': expected asap_bench --json output with 'machine' and 'results', found %s"
-                 % (parts[3], type(data).__name__ if not isinstance(data, dict) else "keys " + ", ".join(data)))
+             % (path, type(data).__name__ if not isinstance(data, dict) else "keys " + ", ".join(data)))
+    return data
+
+
+def median(xs):
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+
+def load_run(index, line):
+    """One index line: (policy, d, slices, the runs merged: each operator's median time over them)."""
+    parts = line.split()
+    if len(parts) < 4 or not parts[1].isdigit() or not parts[2].isdigit():
+        fail("%s: expected lines 'POLICY D SLICES PATH [PATH...]', found %r" % (index, line.strip()))
+    runs = [read_run(index, path) for path in parts[3:]]
+    data = runs[0]
+    if len(runs) > 1:
+        times = {}
+        for run in runs:
+            for r in run["results"]:
+                times.setdefault((r["n"], r["op"], r["param"]), []).append(r["median_s"])
+        merged = []
+        for r in data["results"]:
+            key = (r["n"], r["op"], r["param"])
+            if len(times[key]) != len(runs):
+                fail("%s: the runs %s do not all time %s_%s at n = %s"
+                     % (index, ", ".join(parts[3:]), r["op"], r["param"], r["n"]))
+            x = dict(r, median_s=median(times[key]), copies_median_s=times[key])
+            if r.get("bound_s"):
+                x["bound_ratio"] = x["median_s"] / r["bound_s"]
+            merged.append(x)
+        data = dict(data, results=merged)
     return parts[0], parts[1], parts[2], data
 
 
@@ -53,8 +86,10 @@ for line in index_lines:
                 "machine": {k: data["machine"].get(k) for k in ("cpu", "cores", "threads", "date", "isa",
                                                                "omp_wait_policy", "peak_before", "peak_after",
                                                                "peak") if k in data["machine"]},
-                "results": [{k: x.get(k) for k in ("op", "param", "n", "B", "H", "median_s", "bound_s",
-                                                   "bound_ratio")} for x in data["results"]]})
+                "results": [dict({k: x.get(k) for k in ("op", "param", "n", "B", "H", "median_s", "bound_s",
+                                                        "bound_ratio")},
+                                 **({"copies_median_s": x["copies_median_s"]} if "copies_median_s" in x else {}))
+                            for x in data["results"]]})
     t = {(r["n"], r["op"], r["param"]): r for r in data["results"]}
     if slices == "0":
         for n in sorted({k[0] for k in t}):
