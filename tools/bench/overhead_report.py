@@ -7,7 +7,7 @@ PATH an asap_bench run's --json of that setting; with several, each
 operator's time is the median over the runs: bench.sh runs each setting once
 per fresh copy of libasap, whose pages' placement in memory moves some
 operators by a few percent, docs/performance.md, "Where the library's pages
-land"). Prints, per run, every ASAP family with k closures against
+land"; a ratio is then the median over the runs of the ratio within each). Prints, per run, every ASAP family with k closures against
 Sinkhorn T' = its passes; then, per setting, the largest ratio over
 n = 17-64 of the families whose passes are all log-sum-exp passes (targets:
 slice-free 1.05x, 16 slices 1.25x), and of alpha+stats against T' = k and
@@ -44,6 +44,15 @@ def median(xs):
     xs = sorted(xs)
     m = len(xs) // 2
     return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+
+def paired_ratio(a, s):
+    """a's time over s's: with several library copies, the median over the
+    copies of the ratio within each copy (both timed in the same process)."""
+    ca, cs = a.get("copies_median_s"), s.get("copies_median_s")
+    if ca and cs and len(ca) == len(cs):
+        return median([x / y for x, y in zip(ca, cs)])
+    return a["median_s"] / s["median_s"]
 
 
 def load_run(index, line):
@@ -107,7 +116,7 @@ for line in index_lines:
                 a, s = t.get((n, fam, k)), t.get((n, "sinkhorn", k + extra))
                 if not a or not s:
                     continue
-                ratio = a["median_s"] / s["median_s"]
+                ratio = paired_ratio(a, s)
                 name = {"asap": "alpha", "asap_st": "alpha+stats", "asap_cst": "alpha+cstats",
                         "asap_sm": "alpha+softmax", "asap_s3": "alpha+softmax+sinkhorn3",
                         "asap_s3c": "alpha+softmax+sinkhorn3+cstats"}[fam]
@@ -115,7 +124,7 @@ for line in index_lines:
                                                                      1e3 * s["median_s"], ratio))
                 s1 = t.get((n, "sinkhorn", k + extra + 1))
                 rows.append((policy, int(d), int(slices), n, name, k, k + extra, ratio, a.get("bound_ratio"),
-                             a["median_s"] / s1["median_s"] if s1 else None))
+                             paired_ratio(a, s1) if s1 else None))
 print("\nLargest ratio over n = 17-64 (target: slice-free <= 1.05x, 16 slices <= 1.25x; alpha, alpha+softmax,\n"
       "alpha+softmax+sinkhorn3, then the statistics families):")
 for policy in sorted({r[0] for r in rows}):
