@@ -205,10 +205,13 @@ def fake_bench(directory, medians):
     """A build directory whose tools/asap_bench prints the given median (seconds) per --only operator, and
     half of it as the run's fastest call (min_s)."""
     os.makedirs(os.path.join(directory, "tools"), exist_ok=True)
+    with open(os.path.join(directory, "libasap.so.0"), "w") as f:
+        f.write("a stand-in for the library\n")
     path = os.path.join(directory, "tools", "asap_bench")
     table = " ".join(f"{op}={t}" for op, t in medians.items())
     with open(path, "w") as f:
         f.write(f"#!/bin/sh\necho \"$*\" >> '{directory}/args.log'\n"
+                f"echo \"${{LD_LIBRARY_PATH%%:*}}\" >> '{directory}/libdirs.log'\n"
                 "op=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --only ] && op=$2; shift; done\n"
                 f"for kv in {table}; do [ \"${{kv%%=*}}\" = \"$op\" ] && "
                 "printf '{\"results\": [{\"median_s\": %s, \"min_s\": %s}]}\\n' \"${kv#*=}\" "
@@ -257,6 +260,22 @@ def build_ab_and_pair_ratios_print_the_least_medians_and_their_ratio():
         calls = {f: open(os.path.join(d, f, "args.log")).read().splitlines() for f in ("old", "new")}
         assert len(calls["old"]) == 2 + 4 and len(calls["new"]) == 2, calls
         assert all("--lengths 5,11" in c for f in calls for c in calls[f]), calls
+        # Each round loads a fresh copy of each build's library (COPY=1, the
+        # default), the build directory's own with COPY=0.
+        for f in ("old", "new"):
+            open(os.path.join(d, f, "libdirs.log"), "w").close()
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0 and "median of the rounds' ratios 0.750" in r.stdout, r.stdout + r.stderr
+        dirs = open(os.path.join(d, "new", "libdirs.log")).read().split()
+        assert len(set(dirs)) == 2 and new not in dirs, dirs
+        open(os.path.join(d, "new", "libdirs.log"), "w").close()
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True,
+                           env=dict(env, COPY="0"))
+        assert r.returncode == 0, r.stderr
+        assert open(os.path.join(d, "new", "libdirs.log")).read().split() == [new, new]
+        os.remove(os.path.join(new, "libasap.so.0"))
+        r = subprocess.run([ab, old, new, "17", "16", "1", "16", "asap_1"], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and "expected the library at" in r.stderr and new in r.stderr, r.stderr
 
 
 @test

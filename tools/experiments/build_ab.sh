@@ -22,13 +22,28 @@ STAT=${STAT:-median}
 [ "$STAT" = median ] || [ "$STAT" = min ] || { echo "build_ab.sh: expected STAT median or min, found '$STAT'" >&2; exit 2; }
 for b in "$old" "$new"; do
   [ -x "$b/tools/asap_bench" ] || { echo "build_ab.sh: expected an asap_bench at '$b/tools/asap_bench', found none" >&2; exit 2; }
+  [ "${COPY:-1}" = 0 ] || [ -e "$b/libasap.so.0" ] \
+    || { echo "build_ab.sh: expected the library at '$b/libasap.so.0' (COPY=1 copies it each round), found none" >&2; exit 2; }
 done
+# COPY=1 (the default): each round loads a fresh copy of each build's
+# libasap.so.0, so that where one file's pages happen to land in memory (2.5-4%
+# on some operators, docs/performance.md, "Where the library's pages land")
+# is not taken for the change; COPY=0 loads the build directories' own files.
+COPY=${COPY:-1}
+TMPL=$(mktemp -d)
+trap 'rm -rf "$TMPL"' EXIT
 for op in "$@"; do
-  for _ in $(seq 1 "$ROUNDS"); do
+  for round in $(seq 1 "$ROUNDS"); do
     for side in old new; do
       dir=$old
       [ "$side" = new ] && dir=$new
-      LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh ${BH:-16x4} --d "$d" \
+      libdir=$dir
+      if [ "$COPY" = 1 ]; then
+        libdir=$TMPL/$side.$op.$round
+        mkdir -p "$libdir"
+        cp "$(readlink -f "$dir/libasap.so.0")" "$libdir/libasap.so.0"
+      fi
+      LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$dir/tools/asap_bench" --n "$n" --bh ${BH:-16x4} --d "$d" \
         --slices "$L" --T 6,8 --k 1,2,3,4,5,6 --threads "$th" --wait-policy active --reps 401 --no-mem ${BENCH_ARGS:-} --only "$op" \
         2>/dev/null | "$PYTHON" -c "import json,sys; [print('$side', '$op', r['${STAT}_s'] * 1e6) for r in json.load(sys.stdin)['results']]"
     done
@@ -45,5 +60,8 @@ for op, v in m.items():
     if 'old' not in v or 'new' not in v:
         sys.exit(f'build_ab.sh: {op}: no timing from one of the builds')
     o, w = min(v['old']), min(v['new'])
-    print(f'n = $n, d = $d, $th thread(s), $L slices, least $STAT  {op:12s} old {o:9.1f} us  new {w:9.1f} us  new/old {w / o:.3f}')
+    r = sorted(x / y for x, y in zip(v['new'], v['old']))
+    mr = r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
+    print(f'n = $n, d = $d, $th thread(s), $L slices, least $STAT  {op:12s} old {o:9.1f} us  new {w:9.1f} us  new/old {w / o:.3f}'
+          f'  (median of the rounds\' ratios {mr:.3f})')
 "
