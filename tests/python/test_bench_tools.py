@@ -446,6 +446,13 @@ def heads_in_lanes_prototype_matches_float64_and_fits_the_fused_line():
             assert r.returncode == 2 and msg in r.stderr, (args, r.returncode, r.stderr)
 
 
+def write_runs(d, runs):
+    """asap_bench --json runs of made-up results, one file per name, in directory d."""
+    for name, results in runs.items():
+        with open(os.path.join(d, name), "w") as f:
+            json.dump({"machine": {"cpu": "test cpu", "threads": 2}, "results": results}, f)
+
+
 @test
 def overhead_report_gives_the_pass_families_and_alpha_stats_apart():
     # tools/bench/overhead_report.py (bench.sh --overhead's summary) on two
@@ -469,9 +476,7 @@ def overhead_report_gives_the_pass_families_and_alpha_stats_apart():
             "b.json": [res("sinkhorn", 1, 32, 10), res("asap", 1, 32, 12)]}
     tool = os.path.join(TOOLS, "bench", "overhead_report.py")
     with tempfile.TemporaryDirectory() as d:
-        for name, results in runs.items():
-            with open(os.path.join(d, name), "w") as f:
-                json.dump({"machine": {"cpu": "test cpu", "threads": 2}, "results": results}, f)
+        write_runs(d, runs)
         index = os.path.join(d, "index")
         with open(index, "w") as f:
             f.write("active 16 0 %s\nactive 16 16 %s\n" % (os.path.join(d, "a.json"), os.path.join(d, "b.json")))
@@ -523,9 +528,7 @@ def overhead_report_takes_each_operator_median_over_library_copies():
             "short.json": [res("sinkhorn", 3, 20)]}
     tool = os.path.join(TOOLS, "bench", "overhead_report.py")
     with tempfile.TemporaryDirectory() as d:
-        for name, results in runs.items():
-            with open(os.path.join(d, name), "w") as f:
-                json.dump({"machine": {"cpu": "test cpu", "threads": 2}, "results": results}, f)
+        write_runs(d, runs)
         index = os.path.join(d, "index")
         with open(index, "w") as f:
             f.write("active 16 0 %s\n" % " ".join(os.path.join(d, c) for c in ("c1.json", "c2.json", "c3.json")))
