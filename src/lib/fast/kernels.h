@@ -106,7 +106,7 @@ struct KernelTable {
   void (*lse_start)(T* mx, T* sm, int64_t count);
   // out[r] = half_s * sum_c x_c^2 for the rows x = q + rows[r] * d (the cost
   // offsets alpha of asap-math.md): summed in float64 and rounded to T, or
-  // for float32 with d a multiple of width up to 4 * width, in float32 by
+  // for float32 with d a multiple of width up to 16 * width, in float32 by
   // blocks of width rows (a regrouping of the reference's float32 sum).
   // rows == nullptr: the rows 0..count-1 of q.
   void (*row_sqnorm)(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out);

@@ -1291,19 +1291,58 @@ __attribute__((noinline)) int64_t sqnorm_blocks_f32(int64_t count, const int64_t
   return r;
 }
 
+// sqnorm_blocks_f32 for 8 < nv <= 16 vectors a row, the vectors counted at
+// run time: the same two chains as past 4 vectors there.
+template <class T>
+__attribute__((noinline)) int64_t sqnorm_blocks_f32_long(int64_t count, const int64_t* rows, const T* q, int64_t nv,
+                                                         T half_s, T* out) {
+  using V = typename Vec<T>::V;
+  using U = typename Vec<T>::U;
+  using I = typename Vec<T>::UE;
+  constexpr int W = Vec<T>::W;
+  constexpr int kBits = LaneSumMasks<I, W>::kRounds;
+  const int64_t d = nv * W;
+  int64_t r = 0;
+  for (; r + W <= count; r += W) {
+    V a[W];
+#pragma GCC unroll 32
+    for (int i = 0; i < W; ++i) {
+      const int64_t row = r + bit_reverse(i, kBits);
+      const T* xi = q + (rows ? rows[row] : row) * d;
+      V acc = load<V>(xi) * load<V>(xi), acc1 = load<V>(xi + W) * load<V>(xi + W);
+      int64_t c = 2;
+      for (; c + 1 < nv; c += 2) {
+        const V v = load<V>(xi + c * W), w = load<V>(xi + (c + 1) * W);
+        acc += v * v;
+        acc1 += w * w;
+      }
+      if (c < nv) {
+        const V v = load<V>(xi + c * W);
+        acc += v * v;
+      }
+      a[i] = acc + acc1;
+    }
+    store(out + r, lane_sums<V, U, I, W>(a) * half_s);
+  }
+  return r;
+}
+
 // float32 squared norms of W rows at once when d is a multiple of the vector
-// width W and at most 8 W (sqnorm_block_f32). That is the reference's own
-// float32 sum, regrouped (at most 4 + log2(W) rounded adds of positive terms
-// on any path: under 1e-6 relative); the float64 path below was 4% of a
-// slice-free map's call at n = 17, d = 16, and 9% at d = 64 on AVX2 (W = 8),
-// which the limit of 4 W sent there. Returns the rows done.
+// width W and at most 16 W (sqnorm_block_f32 up to 8 W, compiled per vector
+// count, then sqnorm_blocks_f32_long). That is the reference's own float32
+// sum, regrouped (at most 9 + log2(W) rounded adds of positive terms on any
+// path: under 1e-6 relative); the float64 path below was 4% of a slice-free
+// map's call at n = 17, d = 16, 9% at d = 64 on AVX2 (W = 8), which the limit
+// of 4 W sent there, and 7% at d = 96, past the limit of 8 W. Returns the rows
+// done.
 template <class T>
 int64_t row_sqnorm_f32_blocks(int64_t count, const int64_t* rows, const T* q, int64_t d, T half_s, T* out) {
   if constexpr (sizeof(T) != 4) {
     return 0;
   } else {
     constexpr int W = Vec<T>::W;
-    if (d % W != 0 || d > 8 * W) return 0;
+    if (d % W != 0 || d > 16 * W) return 0;
+    if (d > 8 * W) return sqnorm_blocks_f32_long<T>(count, rows, q, d / W, half_s, out);
     switch (d / W) {
       case 1:
         return sqnorm_blocks_f32<T, 1>(count, rows, q, half_s, out);
