@@ -43,10 +43,11 @@
 # d = 16, ACTIVE only. The timings (median per operator) to $OUT when OUT is
 # set (docs/bench_overhead.json). COPIES (default 3; 1 with --quick): each
 # setting is run once per fresh copy of the libasap that asap_bench loads
-# (through LD_LIBRARY_PATH), back to back, and each operator's time is the
-# median over the copies: where a library file's pages land in memory moves
-# some operators by 2-3% for as long as that file is cached, the same bytes
-# in another file by as much the other way (docs/performance.md, "Where the
+# (through LD_LIBRARY_PATH), back to back; each operator's time is the
+# median over the copies and each ratio the median over the copies of the
+# ratio within each: where a library file's pages land in memory moves some
+# operators by 2.5-4% for as long as that file is cached, the same bytes in
+# another file by as much the other way (docs/performance.md, "Where the
 # library's pages land").
 #
 #   tools/bench/bench.sh --exact [--threads N] [--reps R] [--shapes ...] [--settings passive,default,active]
